@@ -1,0 +1,58 @@
+"""The public plugin API: everything a pushgw plugin may use, and nothing else.
+
+Built-in plugins import only from here; a third-party plugin can do everything a
+built-in one does with the same names. See docs/plugins.md.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from gateway.config import (
+    AppConfig,
+    ApnsAppConfig,
+    ConfigModel,
+    ExistingFile,
+    FcmAppConfig,
+)
+from gateway.context import CommandContext, PluginContext, Service
+from gateway.core.dispatcher import Dispatcher
+from gateway.core.metrics import Metrics
+from gateway.core.push import (
+    ApnsOptions,
+    InvalidToken,
+    Outcome,
+    ProviderKind,
+    Push,
+    PushPolicy,
+    Reason,
+    Receipt,
+)
+from gateway.core.store import Store
+from gateway.hookspecs import PROJECT
+
+hookimpl = pluggy.HookimplMarker(PROJECT)
+"""Marks a function as a pushgw hook implementation (`@hookimpl`)."""
+
+__all__ = [
+    "ApnsAppConfig",
+    "ApnsOptions",
+    "AppConfig",
+    "CommandContext",
+    "ConfigModel",
+    "Dispatcher",
+    "ExistingFile",
+    "FcmAppConfig",
+    "InvalidToken",
+    "Metrics",
+    "Outcome",
+    "PluginContext",
+    "ProviderKind",
+    "Push",
+    "PushPolicy",
+    "Reason",
+    "Receipt",
+    "Service",
+    "Store",
+    "hookimpl",
+]

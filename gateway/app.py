@@ -1,0 +1,328 @@
+"""Builds the aiohttp application from the configuration and the enabled plugins.
+
+`load_gateway()` validates everything that can be validated without running
+(config, plugins, plugin sections, apps); `create_app()` turns that into an
+`web.Application` whose resources live in `cleanup_ctx`: store, receipts writer,
+provider clients and dispatcher, then plugin services. Nothing is global: two
+gateways can run in one process (the tests do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from gateway.config import (
+    ApnsAppConfig,
+    ConfigError,
+    FcmAppConfig,
+    Settings,
+    config_path,
+    load_settings,
+    validate_plugin_section,
+)
+from gateway.context import PluginContext, Runtime, Service, TokenHasher
+from gateway.core.dispatcher import Dispatcher
+from gateway.core.metrics import MULTIPROC_ENV, Metrics
+from gateway.core.providers import ProviderClient
+from gateway.core.push import InvalidToken, Push, Receipt
+from gateway.core.receipts import ReceiptWriter
+from gateway.core.store import Store
+from gateway.core.tokens import TokenInvalidation
+from gateway.logs import request_id
+from gateway.plugins import PluginRegistry
+
+log = logging.getLogger(__name__)
+
+AppConfig = ApnsAppConfig | FcmAppConfig
+ClientFactory = Callable[[str, AppConfig, Settings], ProviderClient]
+
+GATEWAY = web.AppKey("gateway", "LoadedGateway")
+CORE_ROUTES = ("/healthz", "/readyz", "/metrics")
+
+
+def default_client_factory(app_id: str, config: AppConfig, settings: Settings) -> ProviderClient:
+    delivery = settings.delivery
+    if isinstance(config, ApnsAppConfig):
+        from gateway.core.apns import ApnsClient
+
+        return ApnsClient(app_id, config, proxy=delivery.proxy, ca_file=delivery.ca_file)
+    from gateway.core.fcm import FcmClient
+
+    return FcmClient(app_id, config, proxy=delivery.proxy, ca_file=delivery.ca_file)
+
+
+@dataclass
+class LoadedGateway:
+    """A validated configuration with its plugins, ready to run (or to inspect)."""
+
+    settings: Settings
+    registry: PluginRegistry
+    runtime: Runtime
+    contexts: dict[str, PluginContext]
+    apps: dict[tuple[str, str], AppConfig]
+    source: str | None = None
+    client_factory: ClientFactory = default_client_factory
+    services: list[Service] = field(default_factory=list)
+    invalidation: TokenInvalidation | None = None
+
+    def plugin_sections(self) -> dict[str, BaseModel]:
+        return {n: c.config for n, c in self.contexts.items() if isinstance(c.config, BaseModel)}
+
+    def migration_dirs(self) -> list[str]:
+        dirs = [self.registry.call(n, "pushgw_migrations") for n in self.registry.names]
+        return [str(d) for d in dirs if d]
+
+    async def notify_invalid(self, invalid: InvalidToken) -> None:
+        """Calls the owning plugin's token-invalid hook (the end of the one invalidation path)."""
+        context = self.contexts.get(invalid.plugin)
+        if context is None:
+            log.warning("invalid token for plugin %s, which is not enabled", invalid.plugin)
+            return
+        await self.registry.call_async(
+            invalid.plugin, "pushgw_token_invalid", context=context, invalid=invalid
+        )
+
+    def open_store(self) -> Store:
+        store = Store(self.settings.store.url, self.settings.store.pool_size)
+        self.runtime.store = store
+        self.invalidation = TokenInvalidation(store, self.runtime.metrics, self.notify_invalid)
+        return store
+
+
+def load_gateway(
+    path: str | Path | None = None,
+    *,
+    data: dict[str, Any] | None = None,
+    extra_plugins: Mapping[str, object] | None = None,
+    client_factory: ClientFactory = default_client_factory,
+) -> LoadedGateway:
+    """Validate the config file (or `data`) and load its plugins; raise ConfigError."""
+    settings = load_settings(path, data)
+    source = str(config_path(path)) if data is None and config_path(path) else None
+    registry = PluginRegistry(settings.plugins.enabled, dict(extra_plugins or {}))
+    unknown = set(settings.plugins.configured_names()) - set(registry.names)
+    if unknown:
+        raise ConfigError(
+            [f"plugins.{n}: section for a plugin that is not enabled" for n in sorted(unknown)], source
+        )
+    runtime = Runtime(
+        settings=settings,
+        hasher=TokenHasher(settings.receipts.hmac_key.get_secret_value().encode()),
+        metrics=Metrics(),
+    )
+    contexts: dict[str, PluginContext] = {}
+    apps: dict[tuple[str, str], AppConfig] = {}
+    for name in registry.names:
+        model = registry.call(name, "pushgw_config_model")
+        section = validate_plugin_section(settings, name, model, source) if model else None
+        if model is None and settings.plugins.section(name):
+            raise ConfigError([f"plugins.{name}: this plugin takes no configuration"], source)
+        contexts[name] = context = PluginContext(name, section, runtime)
+        for app_id, app in (registry.call(name, "pushgw_apps", context=context) or {}).items():
+            apps[(name, app_id)] = app
+    return LoadedGateway(settings, registry, runtime, contexts, apps, source, client_factory)
+
+
+# --- application -----------------------------------------------------------------
+
+
+def create_app(gateway: LoadedGateway) -> web.Application:
+    settings = gateway.settings
+    app = web.Application(
+        middlewares=[_request_middleware(gateway.runtime.metrics)],
+        client_max_size=settings.server.client_max_size,
+    )
+    app[GATEWAY] = gateway
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    if settings.server.metrics_port is None:
+        app.router.add_get("/metrics", _metrics)
+    for name in gateway.registry.names:
+        gateway.registry.call(name, "pushgw_routes", context=gateway.contexts[name], router=app.router)
+    app.cleanup_ctx.append(_delivery_ctx)
+    app.cleanup_ctx.append(_services_ctx)
+    if settings.server.metrics_port is not None:
+        app.cleanup_ctx.append(_metrics_server_ctx)
+    return app
+
+
+async def _delivery_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Store, receipts writer, provider clients and dispatcher: the delivery core's lifetime."""
+    gateway = app[GATEWAY]
+    async with running_core(gateway):
+        yield
+
+
+class running_core:
+    """Async context manager that runs the delivery core of a loaded gateway.
+
+    Also used by CLI commands that need the core without the HTTP server.
+    """
+
+    def __init__(self, gateway: LoadedGateway, *, migrate: bool | None = None) -> None:
+        self.gateway = gateway
+        self.migrate = gateway.settings.store.auto_upgrade if migrate is None else migrate
+        self.writer: ReceiptWriter | None = None
+
+    async def __aenter__(self) -> LoadedGateway:
+        gw = self.gateway
+        settings = gw.settings
+        store = gw.open_store()
+        if self.migrate:
+            await store.upgrade(gw.migration_dirs())
+        sink = None
+        if settings.receipts.enabled:
+            self.writer = ReceiptWriter(
+                settings.receipts.directory,
+                roll_seconds=settings.receipts.roll_seconds,
+                roll_bytes=settings.receipts.roll_bytes,
+                buffer=settings.receipts.buffer,
+                on_written=gw.runtime.metrics.receipts_written.inc,
+            )
+            await self.writer.start()
+        sink = _make_sink(gw, self.writer)
+        assert gw.invalidation is not None
+        dispatcher = Dispatcher(
+            settings.delivery, gw.runtime.metrics, gw.invalidation, gw.runtime.hasher, sink
+        )
+        for (plugin, app_id), app_config in gw.apps.items():
+            dispatcher.add_app(plugin, app_id, gw.client_factory(app_id, app_config, settings))
+        await dispatcher.start()
+        gw.runtime.dispatcher = dispatcher
+        return gw
+
+    async def __aexit__(self, *exc: object) -> None:
+        gw = self.gateway
+        dispatcher = gw.runtime.dispatcher
+        if dispatcher is not None:
+            await dispatcher.drain(gw.settings.server.shutdown_timeout)
+            await dispatcher.close()
+        if self.writer is not None:
+            await self.writer.close()
+        if gw.runtime.store is not None:
+            await gw.runtime.store.close()
+        gw.runtime.dispatcher = None
+        gw.runtime.store = None
+
+
+def _make_sink(
+    gateway: LoadedGateway, writer: ReceiptWriter | None
+) -> Callable[[Push, Receipt], Awaitable[None]] | None:
+    observers = gateway.registry.pm.hook.pushgw_push_result.get_hookimpls()
+    if writer is None and not observers:
+        return None
+
+    async def sink(push: Push, receipt: Receipt) -> None:
+        if writer is not None:
+            await writer.put(receipt)
+        if observers:
+            try:
+                await gateway.registry.broadcast_async("pushgw_push_result", push=push, receipt=receipt)
+            except Exception:
+                log.exception("a pushgw_push_result hook failed")
+
+    return sink
+
+
+async def _services_ctx(app: web.Application) -> AsyncIterator[None]:
+    gateway = app[GATEWAY]
+    started: list[Service] = []
+    for name in gateway.registry.names:
+        for service in gateway.registry.call(name, "pushgw_services", context=gateway.contexts[name]) or ():
+            await service.start()
+            started.append(service)
+    gateway.services = started
+    yield
+    for service in reversed(started):
+        try:
+            await service.stop()
+        except Exception:
+            log.exception("service %s failed to stop cleanly", service.name)
+    gateway.services = []
+
+
+async def _metrics_server_ctx(app: web.Application) -> AsyncIterator[None]:
+    gateway = app[GATEWAY]
+    metrics_app = web.Application()
+    metrics_app[GATEWAY] = gateway
+    metrics_app.router.add_get("/metrics", _metrics)
+    runner = web.AppRunner(metrics_app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, gateway.settings.server.host, gateway.settings.server.metrics_port,
+                       reuse_port=True)
+    await site.start()
+    yield
+    await runner.cleanup()
+
+
+# --- core endpoints ------------------------------------------------------------------
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    store = gateway.runtime.store
+    dispatcher = gateway.runtime.dispatcher
+    checks: dict[str, Any] = {
+        "store": bool(store and await store.ping()),
+        "apps": dispatcher.ready() if dispatcher else {},
+        "services": {s.name: bool(s.ready()) for s in gateway.services},
+    }
+    ok = checks["store"] and all(checks["apps"].values()) and all(checks["services"].values())
+    return web.json_response({"ready": ok, **checks}, status=200 if ok else 503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    metrics = request.app[GATEWAY].runtime.metrics
+    body = await asyncio.to_thread(metrics.exposition) if _multiproc() else metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": metrics.content_type})
+
+
+def _multiproc() -> bool:
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def _request_middleware(metrics: Metrics) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
+        token = request_id.set(rid[:64])
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            response.headers["X-Request-Id"] = rid[:64]
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        except Exception:
+            # A bug of ours: never a traceback to the client, always one in the log.
+            log.exception("unhandled error in %s %s", request.method, _route_of(request))
+            return web.json_response(
+                {"error": "internal error", "request_id": rid[:64]}, status=500
+            )
+        finally:
+            metrics.http_requests.labels(_route_of(request), request.method, str(status)).inc()
+            request_id.reset(token)
+
+    return middleware
+
+
+def _route_of(request: web.Request) -> str:
+    route = request.match_info.route
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else "unmatched"

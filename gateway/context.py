@@ -1,0 +1,125 @@
+"""What the gateway hands to plugins: `PluginContext`, the `Service` protocol, `CommandContext`."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
+    from gateway.core.dispatcher import Dispatcher
+    from gateway.core.metrics import Metrics
+    from gateway.core.push import Push, Receipt
+    from gateway.core.store import Store
+
+
+@runtime_checkable
+class Service(Protocol):
+    """A plugin's background service with a lifecycle (relay listener, periodic job...)."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Start the service; return once it runs (spawn tasks, don't block)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop it and wait for its tasks; must be idempotent."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether the service is doing its job now (reported by /readyz)."""
+        ...
+
+
+class TokenHasher:
+    """Keyed hash of device tokens: the only form in which a token may be persisted by the core.
+
+    The same value appears in receipts (`token_hash`) so that analytics results can be
+    fed back to the plugin that owns the token.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def __call__(self, token: str) -> str:
+        return hmac.new(self._key, token.encode(), hashlib.sha256).hexdigest()
+
+
+class NotRunning(RuntimeError):
+    """A runtime handle was used before the gateway started (or after it stopped)."""
+
+
+@dataclasses.dataclass
+class Runtime:
+    """The live handles of a running gateway, filled in as start-up proceeds."""
+
+    settings: Settings
+    hasher: TokenHasher
+    metrics: Metrics
+    store: Store | None = None
+    dispatcher: Dispatcher | None = None
+
+
+class PluginContext:
+    """One plugin's view of the gateway; passed to every per-plugin hook.
+
+    Attributes: `name` (the plugin's registered name), `config` (its validated config
+    section, or None), `settings` (the whole validated core configuration).
+    Handles (`dispatcher`, `store`) exist once the gateway runs; using them while
+    the application is still being built raises `NotRunning`.
+    """
+
+    def __init__(self, name: str, config: Any, runtime: Runtime) -> None:
+        self.name = name
+        self.config = config
+        self._runtime = runtime
+
+    @property
+    def settings(self) -> Settings:
+        return self._runtime.settings
+
+    @property
+    def metrics(self) -> Metrics:
+        """The gateway's one metrics registry (`metrics.registry`) for plugin metrics."""
+        return self._runtime.metrics
+
+    @property
+    def store(self) -> Store:
+        if self._runtime.store is None:
+            raise NotRunning("the store is not open yet")
+        return self._runtime.store
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self._runtime.dispatcher is None:
+            raise NotRunning("the dispatcher is not running yet")
+        return self._runtime.dispatcher
+
+    def token_hash(self, token: str) -> str:
+        """The keyed hash receipts carry for `token` (to find records by receipt)."""
+        return self._runtime.hasher(token)
+
+    async def send(self, push: Push) -> Receipt:
+        """Deliver `push` through the core and wait for its final `Receipt`."""
+        if push.plugin != self.name:
+            push.plugin = self.name
+        return await self.dispatcher.send(push)
+
+
+class CommandContext:
+    """Given to CLI sub-command handlers: loads the config and opens the store on demand."""
+
+    def __init__(self, config_path: str | None, loader: Callable[[str | None], Any]) -> None:
+        self.config_path = config_path
+        self._loader = loader
+        self._loaded: Any = None
+
+    def load(self) -> Any:
+        """The loaded gateway (`gateway.app.LoadedGateway`): settings, plugins, contexts."""
+        if self._loaded is None:
+            self._loaded = self._loader(self.config_path)
+        return self._loaded

@@ -1,0 +1,335 @@
+"""Delivery: per-app lanes with bounded queues, concurrency limits, deadlines, the one
+retry policy, credential-wide back-off gates, circuit breakers and load shedding.
+
+Each `send()` runs in the caller's task: there is no worker pool to hop through, so
+an idle gateway adds no latency, and the lane's semaphore is the queue (its waiters
+are served in FIFO order). A lane is one plugin's app: a slow or broken app only
+ever blocks its own lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from gateway.config import DeliveryConfig
+from gateway.core.metrics import Metrics
+from gateway.core.providers import ProviderClient
+from gateway.core.push import Attempt, InvalidToken, Outcome, Push, Reason, Receipt
+from gateway.core.tokens import InvalidationGuard, TokenInvalidation
+
+log = logging.getLogger(__name__)
+
+ReceiptSink = Callable[[Push, Receipt], Awaitable[None]]
+
+
+class CircuitBreaker:
+    """Opens after `threshold` consecutive transient failures; one trial after `reset_after` s."""
+
+    def __init__(self, threshold: int, reset_after: float) -> None:
+        self.threshold = threshold
+        self.reset_after = reset_after
+        self.failures = 0
+        self.opened_at: float | None = None
+        self._trial_running = False
+
+    def allow(self, now: float) -> bool:
+        if self.opened_at is None:
+            return True
+        if now - self.opened_at >= self.reset_after and not self._trial_running:
+            self._trial_running = True  # half-open: one request decides
+            return True
+        return False
+
+    def record(self, outcome: Outcome, now: float) -> bool:
+        """Record an attempt's outcome; returns True when the breaker state changed."""
+        was_open = self.opened_at is not None
+        self._trial_running = False
+        if outcome is Outcome.TRANSIENT:
+            self.failures += 1
+            if self.failures >= self.threshold:
+                self.opened_at = now
+        else:
+            self.failures = 0
+            self.opened_at = None
+        return was_open != (self.opened_at is not None)
+
+
+@dataclass
+class Lane:
+    """One plugin app's delivery state."""
+
+    plugin: str
+    app_id: str
+    client: ProviderClient
+    semaphore: asyncio.Semaphore
+    breaker: CircuitBreaker
+    guard: InvalidationGuard
+    pending: int = 0
+    gate_until: float = 0.0  # monotonic time before which the credential is throttled
+    labels: dict[str, object] = field(default_factory=dict)
+
+
+def backoff_delay(retry: int, base: float, cap: float) -> float:
+    """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**retry))."""
+    return random.uniform(0, min(cap, base * (2**retry)))
+
+
+class Dispatcher:
+    """Delivers pushes to provider clients and returns their `Receipt`s."""
+
+    def __init__(
+        self,
+        config: DeliveryConfig,
+        metrics: Metrics,
+        invalidation: TokenInvalidation,
+        hasher: Callable[[str], str],
+        sink: ReceiptSink | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.invalidation = invalidation
+        self.hasher = hasher
+        self.sink = sink
+        self._lanes: dict[tuple[str, str], Lane] = {}
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+        self._background: set[asyncio.Task[Receipt]] = set()
+
+    # --- lanes ---------------------------------------------------------------
+
+    def add_app(self, plugin: str, app_id: str, client: ProviderClient) -> None:
+        cb = self.config.circuit_breaker
+        lane = Lane(
+            plugin=plugin,
+            app_id=app_id,
+            client=client,
+            semaphore=asyncio.Semaphore(client.max_in_flight),
+            breaker=CircuitBreaker(cb.failure_threshold, cb.reset_after),
+            guard=InvalidationGuard(
+                self.config.invalidation_guard_min,
+                self.config.invalidation_guard_ratio,
+                self.config.invalidation_guard_window,
+            ),
+        )
+        self._lanes[(plugin, app_id)] = lane
+
+    def clients(self) -> Iterable[tuple[str, str, ProviderClient]]:
+        return ((ln.plugin, ln.app_id, ln.client) for ln in self._lanes.values())
+
+    def has_app(self, plugin: str, app_id: str) -> bool:
+        return (plugin, app_id) in self._lanes
+
+    def app_ids(self, plugin: str) -> list[str]:
+        return [a for (p, a) in self._lanes if p == plugin]
+
+    # --- sending -------------------------------------------------------------
+
+    def submit(self, push: Push) -> asyncio.Task[Receipt]:
+        """Deliver in the background; the task's result is the Receipt."""
+        task = asyncio.create_task(self.send(push))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def send_all(self, pushes: Iterable[Push]) -> list[Receipt]:
+        return list(await asyncio.gather(*(self.send(p) for p in pushes)))
+
+    async def send(self, push: Push) -> Receipt:
+        """Deliver one push, retrying within its deadline; never raises for delivery trouble."""
+        lane = self._lanes.get((push.plugin, push.app_id))
+        if lane is None:
+            return await self._final(push, None, Attempt(Outcome.PERMANENT, reason=Reason.UNKNOWN_APP,
+                                     detail=f"no app {push.app_id!r} for plugin {push.plugin!r}"), 0)
+        if self._closing:
+            return await self._final(push, lane, Attempt(Outcome.TRANSIENT, reason=Reason.SHUTTING_DOWN), 0)
+        refused = lane.client.validate(push)
+        if refused is not None:
+            return await self._final(push, lane, refused, 0)
+        if lane.pending >= self.config.queue_size:
+            return await self._shed(push, lane, Reason.QUEUE_FULL, Outcome.THROTTLED, 0)
+        lane.pending += 1
+        self._in_flight += 1
+        self._idle.clear()
+        gauge = self.metrics.in_flight.labels(lane.client.kind.value, lane.app_id)
+        gauge.inc()
+        try:
+            return await self._deliver(push, lane)
+        finally:
+            gauge.dec()
+            lane.pending -= 1
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    async def _deliver(self, push: Push, lane: Lane) -> Receipt:
+        policy = push.policy
+        deadline = push.submitted + min(policy.deadline, self.config.max_deadline)
+        max_retries = self.config.max_retries
+        if policy.max_retries is not None:
+            max_retries = min(policy.max_retries, max_retries)
+        retries = attempts = 0
+        refreshed = False
+        client = lane.client
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return await self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
+            if not lane.breaker.allow(now):
+                return await self._shed(push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts)
+            if lane.gate_until > now:
+                if lane.gate_until >= deadline:
+                    return await self._shed(push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts)
+                await asyncio.sleep(lane.gate_until - now)
+                continue
+            if not await self._acquire(lane.semaphore, deadline):
+                return await self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
+            started = time.monotonic()
+            try:
+                attempt = await client.send(push)
+            finally:
+                lane.semaphore.release()
+            attempts += 1
+            finished = time.monotonic()
+            self._observe_attempt(lane, attempt, finished - started)
+            if lane.breaker.record(attempt.outcome, finished):
+                self.metrics.circuit_open.labels(lane.app_id).set(lane.breaker.opened_at is not None)
+            outcome = attempt.outcome
+            if outcome is Outcome.OK or outcome is Outcome.PERMANENT:
+                return await self._final(push, lane, attempt, attempts)
+            if outcome is Outcome.TOKEN_INVALID:
+                return await self._token_invalid(push, lane, attempt, attempts)
+            if outcome is Outcome.AUTH:
+                if refreshed:
+                    return await self._final(push, lane, attempt, attempts)
+                refreshed = True
+                await client.refresh_credentials()
+                continue
+            # throttled or transient: the one retry policy
+            if retries >= max_retries:
+                return await self._final(push, lane, attempt, attempts)
+            delay = self._retry_delay(attempt, retries)
+            if attempt.credential_wide:
+                lane.gate_until = max(lane.gate_until, finished + delay)
+            if finished + delay >= deadline:
+                return await self._final(push, lane, attempt, attempts)
+            retries += 1
+            self.metrics.retries.labels(push.plugin, client.kind.value, lane.app_id).inc()
+            await asyncio.sleep(delay)
+
+    def _retry_delay(self, attempt: Attempt, retries: int) -> float:
+        if attempt.retry_after is not None:
+            return attempt.retry_after
+        if attempt.outcome is Outcome.THROTTLED and attempt.credential_wide:
+            return max(self.config.throttle_backoff, backoff_delay(retries, self.config.backoff_base,
+                                                                   self.config.backoff_cap))
+        return backoff_delay(retries, self.config.backoff_base, self.config.backoff_cap)
+
+    @staticmethod
+    async def _acquire(semaphore: asyncio.Semaphore, deadline: float) -> bool:
+        if not semaphore.locked():
+            await semaphore.acquire()  # uncontended: returns without suspending
+            return True
+        try:
+            await asyncio.wait_for(semaphore.acquire(), max(0.0, deadline - time.monotonic()))
+            return True
+        except TimeoutError:
+            return False
+
+    def _observe_attempt(self, lane: Lane, attempt: Attempt, seconds: float) -> None:
+        kind = lane.client.kind.value
+        self.metrics.attempts.labels(kind, lane.app_id, attempt.outcome.value).inc()
+        self.metrics.provider_latency.labels(kind, lane.app_id).observe(seconds)
+
+    async def _token_invalid(self, push: Push, lane: Lane, attempt: Attempt, attempts: int) -> Receipt:
+        lane.guard.record(True)
+        was_tripped = lane.guard.tripped
+        self.metrics.invalidation_suspended.labels(lane.app_id).set(was_tripped)
+        if was_tripped:
+            log.warning(
+                "token invalidation suspended for app %s: most tokens came back invalid "
+                "(wrong environment or project?)", lane.app_id,
+            )
+            held = Attempt(Outcome.PERMANENT, attempt.status, Reason.INVALIDATION_SUSPENDED,
+                           provider_id=attempt.provider_id,
+                           detail=f"provider said {attempt.reason}; invalidation suspended")
+            return await self._final(push, lane, held, attempts, record_guard=False)
+        receipt = await self._final(push, lane, attempt, attempts, record_guard=False)
+        invalid = InvalidToken(
+            plugin=push.plugin,
+            app_id=push.app_id,
+            token_hash=self.hasher(push.token),
+            token=push.token,
+            provider=lane.client.kind,
+            reason=attempt.reason,
+            ref=push.ref,
+            token_timestamp=attempt.token_timestamp,
+        )
+        await self.invalidation.report(invalid, persist=push.policy.persist_token_hash)
+        return receipt
+
+    async def _shed(self, push: Push, lane: Lane, reason: str, outcome: Outcome, attempts: int) -> Receipt:
+        self.metrics.shed.labels(push.plugin, lane.app_id, reason).inc()
+        return await self._final(push, lane, Attempt(outcome, reason=reason), attempts)
+
+    async def _final(
+        self, push: Push, lane: Lane | None, attempt: Attempt, attempts: int, record_guard: bool = True
+    ) -> Receipt:
+        provider = lane.client.kind if lane else None
+        if lane is not None and record_guard and attempts:
+            lane.guard.record(False)
+        receipt = Receipt(
+            push_id=push.id,
+            plugin=push.plugin,
+            app_id=push.app_id,
+            provider=provider,
+            outcome=attempt.outcome,
+            status=attempt.status,
+            reason=attempt.reason,
+            attempts=attempts,
+            latency=time.monotonic() - push.submitted,
+            finished_at=time.time(),
+            token_hash=self.hasher(push.token) if push.policy.persist_token_hash else None,
+            token_timestamp=attempt.token_timestamp,
+            provider_id=attempt.provider_id,
+            detail=attempt.detail,
+        )
+        kind = provider.value if provider else "none"
+        self.metrics.pushes.labels(push.plugin, kind, push.app_id, receipt.outcome.value,
+                                   receipt.reason or "").inc()
+        self.metrics.push_latency.labels(push.plugin, kind).observe(receipt.latency)
+        if self.sink is not None:
+            await self.sink(push, receipt)
+        return receipt
+
+    # --- lifecycle -----------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def start(self) -> None:
+        await asyncio.gather(*(lane.client.start() for lane in self._lanes.values()))
+
+    def ready(self) -> dict[str, bool]:
+        return {f"{ln.plugin}/{ln.app_id}": ln.client.ready() for ln in self._lanes.values()}
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new pushes and wait up to `timeout` s for in-flight ones; True if all ended."""
+        self._closing = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except TimeoutError:
+            log.warning("shutdown: %d pushes still in flight after %.1f s", self._in_flight, timeout)
+            return False
+
+    async def close(self) -> None:
+        await asyncio.gather(*(lane.client.close() for lane in self._lanes.values()),
+                             return_exceptions=True)

@@ -1,0 +1,109 @@
+"""The gateway's one Prometheus registry and the core's metrics.
+
+Labels carry plugin names, app ids, providers, outcomes and reasons: never a token,
+a user id or anything a client sent.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """Core metric families on one registry; plugins register theirs on `registry`."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = Counter(
+            "pushgw_http_requests", "HTTP requests handled", ["route", "method", "status"], registry=r
+        )
+        self.pushes = Counter(
+            "pushgw_pushes",
+            "Pushes that reached a final outcome",
+            ["plugin", "provider", "app", "outcome", "reason"],
+            registry=r,
+        )
+        self.attempts = Counter(
+            "pushgw_provider_requests",
+            "Requests made to providers",
+            ["provider", "app", "outcome"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "pushgw_push_retries", "Retries scheduled", ["plugin", "provider", "app"], registry=r
+        )
+        self.shed = Counter(
+            "pushgw_pushes_shed",
+            "Pushes dropped before an attempt (deadline passed, queue full, circuit open)",
+            ["plugin", "app", "reason"],
+            registry=r,
+        )
+        self.invalid_tokens = Counter(
+            "pushgw_invalid_tokens",
+            "Tokens reported invalid to their plugin",
+            ["plugin", "provider", "app"],
+            registry=r,
+        )
+        self.push_latency = Histogram(
+            "pushgw_push_latency_seconds",
+            "Submission to final outcome",
+            ["plugin", "provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.provider_latency = Histogram(
+            "pushgw_provider_request_seconds",
+            "One provider request",
+            ["provider", "app"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "pushgw_pushes_in_flight",
+            "Pushes accepted and not yet final",
+            ["provider", "app"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.circuit_open = Gauge(
+            "pushgw_circuit_open",
+            "1 while an app's circuit breaker is open",
+            ["app"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.invalidation_suspended = Gauge(
+            "pushgw_token_invalidation_suspended",
+            "1 while the mass-invalidation guard holds an app's invalidations",
+            ["app"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.receipts_written = Counter(
+            "pushgw_receipts_written", "Receipt records written", registry=r
+        )
+
+    def exposition(self) -> bytes:
+        """Prometheus text for this process, or for all workers in multi-process mode."""
+        if os.environ.get(MULTIPROC_ENV):
+            collected = CollectorRegistry()
+            multiprocess.MultiProcessCollector(collected)
+            return generate_latest(collected)
+        return generate_latest(self.registry)

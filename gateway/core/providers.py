@@ -1,0 +1,53 @@
+"""The contract between the dispatcher and a provider client (APNs, FCM).
+
+A provider client knows one app's credentials and endpoint and turns one `Push`
+into one provider request. It classifies the answer into an `Attempt` and never
+retries: retries, deadlines, gates and circuit breaking belong to the dispatcher
+(one retry policy for the project).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gateway.core.push import Attempt, ProviderKind, Push
+
+
+class ProviderClient(Protocol):
+    """One configured app's connection to its provider."""
+
+    kind: ProviderKind
+    app_id: str
+    max_in_flight: int
+
+    def validate(self, push: Push) -> Attempt | None:
+        """Check the push before sending (payload size, data types, collapse id...).
+
+        Returns None when it may be sent, else a `permanent` Attempt whose reason is
+        `payload_too_large` or `invalid_payload` and whose detail says what is wrong.
+        """
+        ...
+
+    async def start(self) -> None:
+        """Open connections / fetch credentials. Called once, inside the running loop."""
+        ...
+
+    async def send(self, push: Push) -> Attempt:
+        """Make exactly one provider request, bounded by the app's request timeout.
+
+        Never raises for provider or network trouble: a timeout, reset or refused
+        connection is a `transient` Attempt. Reuses `push.id` as the request id.
+        """
+        ...
+
+    async def refresh_credentials(self) -> None:
+        """Re-sign the JWT / refetch the OAuth token after an `auth` answer."""
+        ...
+
+    def ready(self) -> bool:
+        """True when the client can send (credentials loaded)."""
+        ...
+
+    async def close(self) -> None:
+        """Close connections; pending sends end as transient."""
+        ...

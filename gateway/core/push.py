@@ -1,0 +1,178 @@
+"""What to deliver (`Push`) and what happened (`Receipt`).
+
+These are the provider-neutral objects that flow one way through the gateway:
+a plugin builds a `Push`, the dispatcher delivers it through a provider client,
+each provider answer is an `Attempt`, and the final outcome is a `Receipt`.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ProviderKind(enum.StrEnum):
+    """The two push providers a phone can be woken through."""
+
+    APNS = "apns"
+    FCM = "fcm"
+
+
+class Outcome(enum.StrEnum):
+    """Classification of a provider answer (specs/providers.md §1)."""
+
+    OK = "ok"
+    TOKEN_INVALID = "token_invalid"  # the token will never work again for this app
+    PERMANENT = "permanent"  # request or configuration wrong; retrying cannot help
+    AUTH = "auth"  # credential rejected or stale: refresh once, retry once
+    THROTTLED = "throttled"  # provider asks us to slow down
+    TRANSIENT = "transient"  # 5xx, connection trouble, local timeout
+
+    @property
+    def retryable(self) -> bool:
+        return self in (Outcome.AUTH, Outcome.THROTTLED, Outcome.TRANSIENT)
+
+
+class Reason:
+    """Reasons the gateway itself gives (provider reasons are passed through as sent)."""
+
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INVALID_PAYLOAD = "invalid_payload"
+    INVALIDATION_SUSPENDED = "invalidation_suspended"
+    CIRCUIT_OPEN = "circuit_open"
+    GATE_CLOSED = "gate_closed"
+    QUEUE_FULL = "queue_full"
+    UNKNOWN_APP = "unknown_app"
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection_error"
+    SHUTTING_DOWN = "shutting_down"
+
+
+@dataclass(frozen=True, slots=True)
+class ApnsOptions:
+    """APNs request headers a plugin may set for one push (ignored for FCM).
+
+    `push_type=None` omits the `apns-push-type` header (protocols that need
+    parity with servers that never sent it). `topic=None` uses the app's topic.
+    """
+
+    push_type: str | None = "alert"
+    priority: int | None = None
+    collapse_id: str | None = None
+    expiration: int | None = None
+    topic: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PushPolicy:
+    """Delivery policy a plugin chooses for one push, clamped by operator bounds.
+
+    - `deadline`: seconds from submission after which no attempt starts.
+    - `max_retries`: retries after the first attempt (None: as many as the deadline allows,
+      up to the operator's `delivery.max_retries`). SimpleX allows one.
+    - `max_payload_bytes`: override of the provider's payload limit (None: provider default).
+    - `persist_token_hash`: whether the keyed token hash may be persisted anywhere (the
+      receipt, the core's invalid-token record). Protocols that forbid any persisted
+      linkage (Marmot) set it to False.
+    """
+
+    deadline: float = 10.0
+    max_retries: int | None = None
+    max_payload_bytes: int | None = None
+    persist_token_hash: bool = True
+
+
+@dataclass(slots=True)
+class Push:
+    """One notification for one device token, ready for a provider.
+
+    `payload` is provider-shaped:
+    - APNs: the JSON body sent to `/3/device/<token>` (`{"aps": {...}, ...}`).
+    - FCM: the HTTP v1 `message` object *without* `token`
+      (`{"data": {...}, "android": {...}, "apns": {...}, ...}`).
+
+    `ref` is an opaque value the plugin gets back in its token-invalid hook (a
+    registration id, say); it never reaches receipts, logs or metrics.
+    """
+
+    plugin: str
+    app_id: str
+    token: str
+    payload: Mapping[str, Any]
+    apns: ApnsOptions = field(default_factory=ApnsOptions)
+    policy: PushPolicy = field(default_factory=PushPolicy)
+    ref: str | None = None
+    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    submitted: float = field(default_factory=time.monotonic)
+
+    def __repr__(self) -> str:  # never show the token or payload
+        return f"Push(id={self.id!r}, plugin={self.plugin!r}, app_id={self.app_id!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The classified answer of one provider request."""
+
+    outcome: Outcome
+    status: int | None = None
+    reason: str | None = None
+    retry_after: float | None = None  # seconds, from Retry-After
+    credential_wide: bool = False  # throttling applies to the whole credential (gate)
+    token_timestamp: int | None = None  # APNs 410: ms since epoch the token was last valid
+    provider_id: str | None = None  # apns-id / FCM message name
+    detail: str | None = None  # human-readable, safe for logs: never a token or payload
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The final outcome of one push: returned to the plugin and written to the receipts sink."""
+
+    push_id: str
+    plugin: str
+    app_id: str
+    provider: ProviderKind | None
+    outcome: Outcome
+    status: int | None
+    reason: str | None
+    attempts: int
+    latency: float  # seconds from submission to final outcome
+    finished_at: float  # unix time
+    token_hash: str | None = None
+    token_timestamp: int | None = None
+    provider_id: str | None = None
+    detail: str | None = None  # human-readable, safe for logs; not written to receipt files
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidToken:
+    """Told to the owning plugin when one of its tokens is dead.
+
+    `token` is the token itself for a live provider answer and None when the
+    invalidation comes from a dead-token file (`pushgw tokens retire`), which only
+    carries the keyed hash: plugins find their records by `token_hash`
+    (`PluginContext.token_hash(token)` computes the same value).
+    """
+
+    plugin: str
+    app_id: str
+    token_hash: str
+    token: str | None
+    provider: ProviderKind | None
+    reason: str | None
+    ref: str | None = None
+    token_timestamp: int | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"InvalidToken(plugin={self.plugin!r}, app_id={self.app_id!r}, "
+            f"reason={self.reason!r})"
+        )

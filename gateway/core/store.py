@@ -1,0 +1,100 @@
+"""Persistence: SQLAlchemy 2 async over SQLite (embedded default) or PostgreSQL.
+
+The core owns one table (`pushgw_invalid_tokens`); plugins own theirs, declared
+through the `pushgw_tables` / `pushgw_migrations` hooks. Schema changes are Alembic
+revisions only: the core's base branch plus one branch per plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import Column, DateTime, MetaData, String, Table, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+CORE_BRANCH = "core"
+
+metadata = MetaData()
+
+invalid_tokens = Table(
+    "pushgw_invalid_tokens",
+    metadata,
+    Column("plugin", String(64), primary_key=True),
+    Column("app_id", String(255), primary_key=True),
+    Column("token_hash", String(64), primary_key=True),
+    Column("provider", String(8), nullable=True),
+    Column("reason", String(64), nullable=True),
+    Column("invalidated_at", DateTime(timezone=True), nullable=False),
+)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url)
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
+
+
+class Store:
+    """The gateway's database handle, given to plugins as `context.store`."""
+
+    def __init__(self, url: str, pool_size: int = 10) -> None:
+        self.url = url
+        self.engine = create_engine(url, pool_size)
+        self.sessions: async_sessionmaker[AsyncSession] = async_sessionmaker(
+            self.engine, expire_on_commit=False
+        )
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    async def ping(self) -> bool:
+        """True when the database answers (used by /readyz)."""
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            return True
+        except Exception:
+            return False
+
+    async def upgrade(self, version_locations: Sequence[str] = ()) -> None:
+        """Apply every migration branch (core + the given plugin directories) to its head."""
+        await asyncio.to_thread(upgrade, self.url, version_locations)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+
+def alembic_config(url: str, version_locations: Sequence[str] = ()) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    locations = [str(MIGRATIONS_DIR / "versions"), *map(str, version_locations)]
+    cfg.set_main_option("version_locations", " ".join(locations))
+    cfg.set_main_option("path_separator", "space")
+    cfg.attributes["url"] = url
+    return cfg
+
+
+def upgrade(url: str, version_locations: Sequence[str] = ()) -> None:
+    """Synchronous entry point (Alembic's command API is synchronous)."""
+    command.upgrade(alembic_config(url, version_locations), "heads")

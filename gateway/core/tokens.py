@@ -1,0 +1,103 @@
+"""The one token-invalidation path.
+
+A provider's token-invalid answer (via the dispatcher) and an operator's dead-token
+file (`pushgw tokens retire`) both end here: the token's keyed hash is recorded
+(unless the push forbids persisted linkage), the invalidation is counted, and the
+owning plugin's `pushgw_token_invalid` hook is called once per token.
+
+Also the mass-invalidation guard (specs/providers.md §1): when most tokens of one
+app come back invalid, the app is misconfigured (wrong APNs environment, wrong
+Firebase project) and invalidating would wipe every registration, so it is held.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from sqlalchemy.dialects import postgresql, sqlite
+
+from gateway.core.metrics import Metrics
+from gateway.core.push import InvalidToken
+from gateway.core.store import Store, invalid_tokens
+
+log = logging.getLogger(__name__)
+
+NotifyPlugin = Callable[[InvalidToken], Awaitable[None]]
+
+_RECENT = 100_000  # remembered invalidations, so concurrent pushes call the hook once
+
+
+class InvalidationGuard:
+    """Holds invalidations for an app while > `ratio` of ≥ `minimum` sends in `window` s failed so."""
+
+    def __init__(self, minimum: int = 100, ratio: float = 0.5, window: float = 300.0) -> None:
+        self.minimum = minimum
+        self.ratio = ratio
+        self.window = window
+        self._sends: deque[tuple[float, bool]] = deque()
+        self._invalid = 0
+
+    def record(self, invalid: bool, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._sends.append((now, invalid))
+        self._invalid += invalid
+        horizon = now - self.window
+        while self._sends and self._sends[0][0] < horizon:
+            _, was_invalid = self._sends.popleft()
+            self._invalid -= was_invalid
+
+    @property
+    def tripped(self) -> bool:
+        n = len(self._sends)
+        return n >= self.minimum and self._invalid > self.ratio * n
+
+
+class TokenInvalidation:
+    """Records invalid tokens and tells their owning plugin, once per token."""
+
+    def __init__(self, store: Store | None, metrics: Metrics, notify: NotifyPlugin) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._notify = notify
+        self._recent: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    async def report(self, invalid: InvalidToken, *, persist: bool = True) -> bool:
+        """Handle one invalid token; False when it was already handled recently."""
+        key = (invalid.plugin, invalid.app_id, invalid.token_hash)
+        if key in self._recent:
+            return False
+        self._recent[key] = None
+        if len(self._recent) > _RECENT:
+            self._recent.popitem(last=False)
+        provider = invalid.provider.value if invalid.provider else "none"
+        self._metrics.invalid_tokens.labels(invalid.plugin, provider, invalid.app_id).inc()
+        if persist and self._store is not None:
+            await self._record(invalid)
+        try:
+            await self._notify(invalid)
+        except Exception:
+            # A plugin bug must not lose the delivery result; the record above stays.
+            log.exception("token-invalid hook of plugin %s failed", invalid.plugin)
+        return True
+
+    async def _record(self, invalid: InvalidToken) -> None:
+        assert self._store is not None
+        values = {
+            "plugin": invalid.plugin,
+            "app_id": invalid.app_id,
+            "token_hash": invalid.token_hash,
+            "provider": invalid.provider.value if invalid.provider else None,
+            "reason": invalid.reason,
+            "invalidated_at": datetime.now(UTC),
+        }
+        insert = postgresql.insert if self._store.dialect == "postgresql" else sqlite.insert
+        stmt = insert(invalid_tokens).values(**values).on_conflict_do_nothing()
+        try:
+            async with self._store.engine.begin() as conn:
+                await conn.execute(stmt)
+        except Exception:
+            log.exception("could not record an invalid token for plugin %s", invalid.plugin)

@@ -1,0 +1,143 @@
+"""Plugin discovery and calling.
+
+Every plugin, built-in or third-party, is found the same way: an entry point in the
+`pushgw.plugins` group whose name is the plugin name and whose value is the module
+(or object) holding the hook implementations. `plugins.enabled` in the config says
+which ones run; `pushgw plugins` lists all installed ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from gateway import hookspecs
+from gateway.config import ConfigError
+
+ENTRY_POINT_GROUP = "pushgw.plugins"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """An installed plugin as `pushgw plugins` shows it."""
+
+    name: str
+    target: str
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+    enabled: bool
+    error: str | None = None
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    found: dict[str, metadata.EntryPoint] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)  # first on sys.path wins, like imports
+    return found
+
+
+def _dist_of(ep: metadata.EntryPoint) -> tuple[str | None, str | None]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None, None
+    return dist.metadata["Name"], dist.version
+
+
+def implemented_hooks(plugin: object) -> tuple[str, ...]:
+    return tuple(
+        sorted(n for n in dir(plugin) if n.startswith("pushgw_") and callable(getattr(plugin, n)))
+    )
+
+
+class PluginRegistry:
+    """The enabled plugins, registered with a pluggy manager in `enabled` order.
+
+    `extra` registers plugin objects directly under a name (tests and embedding);
+    they behave exactly like entry-point plugins.
+    """
+
+    def __init__(self, enabled: Iterable[str], extra: dict[str, object] | None = None) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.names: list[str] = []
+        self._callers: dict[tuple[str, str], Any] = {}
+        extra = dict(extra or {})
+        available = _entry_points()
+        for name in enabled:
+            if name in self.names:
+                raise ConfigError([f"plugins.enabled: '{name}' is listed twice"])
+            if name in extra:
+                plugin = extra.pop(name)
+            elif name in available:
+                plugin = self._load(name, available[name])
+            else:
+                known = ", ".join(sorted(set(available) | set(extra))) or "none"
+                raise ConfigError([f"plugins.enabled: unknown plugin '{name}' (installed: {known})"])
+            self.pm.register(plugin, name=name)
+            self.names.append(name)
+        for name, plugin in extra.items():  # extras not listed in enabled still run
+            self.pm.register(plugin, name=name)
+            self.names.append(name)
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise ConfigError([f"plugin {exc.plugin}: {exc}"]) from None
+
+    @staticmethod
+    def _load(name: str, ep: metadata.EntryPoint) -> object:
+        try:
+            return ep.load()
+        except Exception as exc:  # a broken third-party plugin must not be a traceback
+            raise ConfigError([f"plugins.enabled: plugin '{name}' failed to load: {exc!r}"]) from None
+
+    def plugin(self, name: str) -> object:
+        return self.pm.get_plugin(name)
+
+    def call(self, name: str, hook: str, **kwargs: Any) -> Any:
+        """Call one plugin's implementation of a per-plugin hook; None if it has none."""
+        key = (name, hook)
+        caller = self._callers.get(key)
+        if caller is None:
+            others = [p for n, p in self.pm.list_name_plugin() if n != name]
+            caller = self.pm.subset_hook_caller(hook, remove_plugins=others)
+            self._callers[key] = caller
+        results = caller(**kwargs)
+        return results[0] if results else None
+
+    async def call_async(self, name: str, hook: str, **kwargs: Any) -> Any:
+        result = self.call(name, hook, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def broadcast(self, hook: str, **kwargs: Any) -> list[Any]:
+        """Call a broadcast hook on every plugin; results in registration order."""
+        results = getattr(self.pm.hook, hook)(**kwargs)
+        return list(reversed(results))  # pluggy calls LIFO; report in plugin order
+
+    async def broadcast_async(self, hook: str, **kwargs: Any) -> list[Any]:
+        out = []
+        for result in self.broadcast(hook, **kwargs):
+            out.append(await result if inspect.isawaitable(result) else result)
+        return out
+
+
+def installed_plugins(enabled: Iterable[str] = ()) -> list[PluginInfo]:
+    """Every plugin found through entry points, loaded to list the hooks it implements."""
+    enabled_set = set(enabled)
+    infos = []
+    for name, ep in sorted(_entry_points().items()):
+        dist, version = _dist_of(ep)
+        try:
+            hooks = implemented_hooks(ep.load())
+            error = None
+        except Exception as exc:
+            hooks, error = (), repr(exc)
+        infos.append(PluginInfo(name, ep.value, dist, version, hooks, name in enabled_set, error))
+    return infos

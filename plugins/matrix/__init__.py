@@ -1,0 +1,1 @@
+"""The matrix protocol plugin."""

@@ -1,0 +1,1 @@
+"""The simplex protocol plugin."""
