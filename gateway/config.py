@@ -121,7 +121,8 @@ class FcmAppConfig(ConfigModel):
     project_id: str | None = Field(None, description="Defaults to the service account's")
     service_account_file: ExistingFile
     send_url: str | None = Field(
-        None, description="Override of https://fcm.googleapis.com/v1/projects/{project_id}/messages:send"
+        None,
+        description="Override of https://fcm.googleapis.com/v1/projects/{project_id}/messages:send",
     )
     token_uri: str | None = Field(None, description="Override the service account's token_uri")
     ca_file: ExistingFile | None = None
@@ -241,9 +242,12 @@ class Settings(BaseSettings):
 def _format_errors(error: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[str]:
     problems = []
     for item in error.errors():
-        loc = [str(p) for p in (*prefix, *item["loc"])]
-        # pydantic adds the union member tag ("apns", "fcm") to the path: drop it.
-        loc = [p for p in loc if p not in ("ApnsAppConfig", "FcmAppConfig")]
+        raw = [str(p) for p in (*prefix, *item["loc"])]
+        # pydantic puts the app's union tag ("apns", "fcm") after `apps.<id>`: not a key.
+        loc = [
+            p for i, p in enumerate(raw)
+            if not (i >= 2 and raw[i - 2] == "apps" and p in ("apns", "fcm"))
+        ]
         msg = item["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
@@ -265,7 +269,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
-        raise ConfigError([f"{where}invalid YAML ({getattr(exc, 'problem', exc)})"], str(path)) from None
+        raise ConfigError(
+            [f"{where}invalid YAML ({getattr(exc, 'problem', exc)})"], str(path)
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(["the top level must be a mapping"], str(path))
     return data
@@ -276,7 +282,9 @@ def config_path(explicit: str | os.PathLike[str] | None) -> Path | None:
     return Path(chosen) if chosen else None
 
 
-def load_settings(path: str | os.PathLike[str] | None = None, data: dict[str, Any] | None = None) -> Settings:
+def load_settings(
+    path: str | os.PathLike[str] | None = None, data: dict[str, Any] | None = None
+) -> Settings:
     """Load and validate the core sections from `path` (or `$PUSHGW_CONFIG`) or `data`."""
     file = config_path(path)
     raw = data if data is not None else (read_yaml(file) if file else {})

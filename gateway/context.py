@@ -68,7 +68,8 @@ class PluginContext:
     """One plugin's view of the gateway; passed to every per-plugin hook.
 
     Attributes: `name` (the plugin's registered name), `config` (its validated config
-    section, or None), `settings` (the whole validated core configuration).
+    section, or None), `settings` (the whole validated core configuration), `state` (a
+    dict the plugin owns, to share objects between its hooks instead of module globals).
     Handles (`dispatcher`, `store`) exist once the gateway runs; using them while
     the application is still being built raises `NotRunning`.
     """
@@ -76,6 +77,7 @@ class PluginContext:
     def __init__(self, name: str, config: Any, runtime: Runtime) -> None:
         self.name = name
         self.config = config
+        self.state: dict[str, Any] = {}
         self._runtime = runtime
 
     @property

@@ -20,6 +20,7 @@ from gateway.core.push import Receipt
 
 SCHEMA_VERSION = 1
 _FLUSH_INTERVAL = 0.25  # seconds a record may wait in memory before it is written
+_STOP: dict[str, Any] = {}  # sentinel queued by close()
 
 
 def receipt_record(receipt: Receipt) -> dict[str, Any]:
@@ -122,13 +123,17 @@ class ReceiptWriter:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            first = await self._queue.get()
+        stopping = False
+        while not stopping:
+            batch = [await self._queue.get()]
             await asyncio.sleep(_FLUSH_INTERVAL)  # batch: one write per interval, not per record
-            batch = [first]
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            await loop.run_in_executor(self._executor, self._write, batch)
+            if batch[-1] is _STOP:
+                stopping = True
+                batch.pop()
+            if batch:
+                await loop.run_in_executor(self._executor, self._write, batch)
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
         lines = [json.dumps(r, separators=(",", ":")) + "\n" for r in batch]
@@ -136,23 +141,11 @@ class ReceiptWriter:
         if self._on_written:
             self._on_written(len(lines))
 
-    async def flush(self) -> None:
-        """Write everything buffered so far (the writer keeps running)."""
-        batch = []
-        while not self._queue.empty():
-            batch.append(self._queue.get_nowait())
-        if batch:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._write, batch)
-
     async def close(self) -> None:
-        """Flush everything buffered, close and rename the current file."""
+        """Write everything accepted so far, then close and rename the current file."""
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await self._queue.put(_STOP)  # after every accepted record: nothing is lost
+            await self._task
             self._task = None
-        await self.flush()
         await asyncio.get_running_loop().run_in_executor(self._executor, self._file.close)
         self._executor.shutdown(wait=True)

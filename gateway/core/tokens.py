@@ -32,7 +32,7 @@ _RECENT = 100_000  # remembered invalidations, so concurrent pushes call the hoo
 
 
 class InvalidationGuard:
-    """Holds invalidations for an app while > `ratio` of ≥ `minimum` sends in `window` s failed so."""
+    """Holds invalidations while > `ratio` of >= `minimum` sends in `window` s were invalid."""
 
     def __init__(self, minimum: int = 100, ratio: float = 0.5, window: float = 300.0) -> None:
         self.minimum = minimum

@@ -1,11 +1,11 @@
 """A running gateway for tests: plugin authors drive it over HTTP against the simulators.
 
-    async with ApnsSimulator() as apns, FcmSimulator() as fcm:
-        config = base_config(tmp_path, {"myplugin": {"apps": {
-            "ios": apns_app_config(apns, tmp_path), "android": fcm_app_config(fcm, tmp_path)}}})
-        async with GatewayHarness(config) as gw:
-            response = await gw.client.post("/my/route", json={...})
-            assert apns.requests[0].json == {...}
+async with ApnsSimulator() as apns, FcmSimulator() as fcm:
+    config = base_config(tmp_path, {"myplugin": {"apps": {
+        "ios": apns_app_config(apns, tmp_path), "android": fcm_app_config(fcm, tmp_path)}}})
+    async with GatewayHarness(config) as gw:
+        response = await gw.client.post("/my/route", json={...})
+        assert apns.requests[0].json == {...}
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ def fcm_app_config(
 class GatewayHarness:
     """Runs a whole gateway (store, dispatcher, plugin routes and services) on a test server."""
 
-    def __init__(self, config: dict[str, Any], *, extra_plugins: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self, config: dict[str, Any], *, extra_plugins: Mapping[str, object] | None = None
+    ) -> None:
         self.config = config
         self.extra_plugins = extra_plugins
         self._client: TestClient | None = None

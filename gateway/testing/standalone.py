@@ -1,0 +1,70 @@
+"""`pushgw simulate`: both provider simulators in their own process, until stopped.
+
+Besides what `serve_simulators` writes, it registers a fixed local APNs key
+(`apns-auth-key.p8`, key id `SIMKEY0001`, team `SIMTEAM001`) so that
+`config/local.yaml` can name stable paths, and writes `ready.json` last: a gateway
+started with `--with-simulators` waits for that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+from gateway.testing.apns_sim import generate_apns_auth_key
+from gateway.testing.runner import serve_simulators
+
+LOCAL_KEY_ID = "SIMKEY0001"
+LOCAL_TEAM_ID = "SIMTEAM001"
+LOCAL_KEY_FILE = "apns-auth-key.p8"
+READY_FILE = "ready.json"
+
+
+async def _main(host: str, apns_port: int, fcm_port: int, state_dir: Path) -> None:
+    ready = state_dir / READY_FILE
+    ready.unlink(missing_ok=True)
+    info = await serve_simulators(host, apns_port, fcm_port, state_dir)
+    key = generate_apns_auth_key(LOCAL_KEY_ID, LOCAL_TEAM_ID)
+    key_path = key.write_p8(state_dir / LOCAL_KEY_FILE)
+    info.apns.add_jwt_key(key.key_id, key.team_id, key)
+    description = {
+        **info.as_dict(),
+        "local_key_path": str(key_path),
+        "local_key_id": LOCAL_KEY_ID,
+        "local_team_id": LOCAL_TEAM_ID,
+    }
+    ready.write_text(json.dumps(description, indent=2))
+    print(f"APNs simulator: {info.apns_url} (HTTP/2 + TLS, CA {info.ca_path})", flush=True)
+    print(f"FCM simulator:  {info.fcm_url} (OAuth {info.token_uri})", flush=True)
+    print(f"service account: {info.service_account_path}; APNs key: {key_path}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await info.stop()
+    ready.unlink(missing_ok=True)
+
+
+def run_simulators(host: str, apns_port: int, fcm_port: int, state_dir: Path) -> int:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        asyncio.run(_main(host, apns_port, fcm_port, state_dir))
+    except OSError as exc:
+        print(f"pushgw: error: cannot start the simulators: {exc.strerror}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m gateway.testing.standalone")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--apns-port", type=int, default=2197)
+    parser.add_argument("--fcm-port", type=int, default=4080)
+    parser.add_argument("--state-dir", default="var/simulators")
+    a = parser.parse_args()
+    sys.exit(run_simulators(a.host, a.apns_port, a.fcm_port, Path(a.state_dir)))

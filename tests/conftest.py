@@ -1,0 +1,112 @@
+"""Shared fixtures, and the suite-wide privacy check.
+
+Every log record of the whole run is captured (at DEBUG for pushgw's own loggers,
+third-party clients at the levels production uses). Every device token the
+simulators receive, and every secret a test registers with `register_secret`, is
+checked against those records by `test_zz_privacy.py`, which runs last.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.testing import apns_sim, fcm_sim
+from gateway.testing.databases import (
+    PostgresUnavailable,
+    postgres_required,
+    temporary_postgres_database,
+)
+
+pytest_plugins = ["gateway.testing.pytest_plugin"]
+
+SAMPLE_PLUGIN_DIR = Path(__file__).parent / "sample_plugin"
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:  # a broken log call is itself worth seeing
+            text = f"{record.name} unformattable {record.msg!r} {record.args!r}"
+        self.lines.append(text)
+
+
+LOG_CAPTURE = _Capture()
+SECRETS: set[str] = set()
+SIMULATORS: list[object] = []
+
+
+def _track(cls: type) -> None:
+    original = cls.__init__
+
+    def init(self: object, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[misc]
+        SIMULATORS.append(self)
+
+    cls.__init__ = init  # type: ignore[method-assign]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    root = logging.getLogger()
+    root.addHandler(LOG_CAPTURE)
+    root.setLevel(logging.DEBUG)
+    # As in production (gateway.logs.configure): chatty clients stay at WARNING.
+    for noisy in ("aioapns", "h2", "hpack", "httpx", "httpcore", "urllib3", "google", "asyncio",
+                  "aiosqlite", "asyncpg", "py4j", "websockets"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    _track(apns_sim.ApnsSimulator)
+    _track(fcm_sim.FcmSimulator)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The privacy check must see every other test's logs.
+    items.sort(key=lambda item: item.nodeid.split("::")[0].endswith("test_zz_privacy.py"))
+
+
+@pytest.fixture
+def register_secret() -> object:
+    """Register a value (token, key) that must never appear in any log line."""
+    return SECRETS.add
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh PostgreSQL database for this test (skips when none is reachable)."""
+    try:
+        async with temporary_postgres_database() as url:
+            yield url
+    except PostgresUnavailable as exc:
+        if postgres_required():
+            pytest.fail(f"PostgreSQL is required here (PUSHGW_REQUIRE_POSTGRES=1): {exc}")
+        pytest.skip(f"no PostgreSQL reachable: {exc}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """The same test on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
+        return
+    yield request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def sample_plugin_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Install tests/sample_plugin as a distribution: a dist-info with its entry point."""
+    site = tmp_path / "site"
+    dist_info = site / "pushgw_sample-1.0.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: pushgw-sample\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(SAMPLE_PLUGIN_DIR))
+    yield "sample"

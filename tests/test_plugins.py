@@ -1,0 +1,119 @@
+"""The plugin contract, proved by a third-party distribution found through its entry point."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, text
+
+from gateway import hookspecs
+from gateway.core.store import invalid_tokens
+from gateway.plugins import installed_plugins
+from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
+from gateway.testing.fcm_sim import FcmResponse, FcmSimulator
+from gateway.testing.harness import GatewayHarness, apns_app_config, base_config, fcm_app_config
+
+APNS_TOKEN = "a1" * 32
+FCM_TOKEN = "fcm-token-" + "x" * 40
+
+
+def test_builtins_are_entry_point_plugins() -> None:
+    names = {info.name for info in installed_plugins()}
+    assert {"matrix", "zulip", "marmot", "receipts-spark"} <= names
+
+
+def test_third_party_plugin_is_listed_with_its_hooks(sample_plugin_installed: str) -> None:
+    info = {i.name: i for i in installed_plugins(["sample"])}["sample"]
+    assert info.enabled
+    assert info.distribution == "pushgw-sample"
+    assert info.version == "1.0"
+    assert "pushgw_routes" in info.hooks and "pushgw_token_invalid" in info.hooks
+
+
+def test_every_hookspec_is_documented() -> None:
+    guide = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
+    specs = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("pushgw_")]
+    assert len(specs) >= 9
+    for name in specs:
+        assert (getattr(hookspecs, name).__doc__ or "").strip(), f"{name} has no docstring"
+        assert f"`{name}`" in guide, f"docs/plugins.md does not document {name}"
+
+
+async def test_third_party_plugin_end_to_end(
+    sample_plugin_installed: str, tmp_path: Path, register_secret: object
+) -> None:
+    async with ApnsSimulator() as apns, FcmSimulator() as fcm:
+        config = base_config(
+            tmp_path,
+            {"sample": {"greeting": "hi", "apps": {
+                "ios": apns_app_config(apns, tmp_path, topic="org.example.sample"),
+                "android": fcm_app_config(fcm, tmp_path),
+            }}},
+        )
+        apns.script(APNS_TOKEN, ApnsResponse.error("Unregistered", timestamp=1_700_000_000_000))
+        fcm.script(FCM_TOKEN, FcmResponse.unregistered())
+        async with GatewayHarness(config) as gw:
+            # the route the plugin added delivers through the core to the simulators
+            ok = await gw.client.post(
+                "/sample/push",
+                json={"app": "ios", "token": "b2" * 32, "payload": {"aps": {"alert": "x"}}},
+            )
+            assert ok.status == 200
+            assert await ok.json() == {"outcome": "ok", "reason": None, "greeting": "hi"}
+            assert apns.requests[-1].headers["apns-topic"] == "org.example.sample"
+            assert apns.requests[-1].json == {"aps": {"alert": "x"}}
+
+            # a dead token comes back to the plugin through its hook, once
+            dead = await gw.client.post(
+                "/sample/push", json={"app": "ios", "token": APNS_TOKEN, "payload": {"aps": {}}}
+            )
+            assert (await dead.json())["outcome"] == "token_invalid"
+            dead_fcm = await gw.client.post(
+                "/sample/push",
+                json={"app": "android", "token": FCM_TOKEN, "payload": {"data": {"k": "v"}}},
+            )
+            assert (await dead_fcm.json()) == {"outcome": "token_invalid", "reason": "UNREGISTERED",
+                                               "greeting": "hi"}
+            context = gw.context("sample")
+            reported = context.state["invalid"]
+            assert [(i.app_id, i.reason) for i in reported] == [
+                ("ios", "Unregistered"), ("android", "UNREGISTERED")
+            ]
+            assert reported[0].token == APNS_TOKEN
+            assert reported[0].token_hash == context.token_hash(APNS_TOKEN)
+            assert reported[0].token_timestamp == 1_700_000_000_000
+
+            # the plugin's own table came from its migration branch; the core kept hashes only
+            async with context.store.engine.connect() as conn:
+                rows = (await conn.execute(text("SELECT token_hash, reason FROM sample_invalid"))).all()
+                core = (await conn.execute(select(invalid_tokens.c.token_hash))).scalars().all()
+            assert sorted(rows) == sorted([(context.token_hash(APNS_TOKEN), "Unregistered"),
+                                           (context.token_hash(FCM_TOKEN), "UNREGISTERED")])
+            assert sorted(core) == sorted(r[0] for r in rows)
+
+            # the plugin's service runs and is reported ready
+            ready = await gw.client.get("/readyz")
+            body = await ready.json()
+            assert ready.status == 200 and body["services"] == {"sample-ticker": True}
+            assert body["apps"] == {"sample/ios": True, "sample/android": True}
+        assert context.state["ticker"].running is False  # stopped at shutdown
+
+
+async def test_unknown_app_is_a_permanent_receipt(sample_plugin_installed: str, tmp_path: Path) -> None:
+    config = base_config(tmp_path, {"sample": {}})
+    async with GatewayHarness(config) as gw:
+        response = await gw.client.post(
+            "/sample/push", json={"app": "nope", "token": "t" * 64, "payload": {}}
+        )
+        assert await response.json() == {"outcome": "permanent", "reason": "unknown_app",
+                                          "greeting": "hello"}
+
+
+@pytest.mark.parametrize("hook", ["pushgw_routes", "pushgw_token_invalid", "pushgw_config_model"])
+def test_sample_plugin_uses_only_the_public_api(hook: str) -> None:
+    source = (Path(__file__).parent / "sample_plugin" / "pushgw_sample" / "__init__.py").read_text()
+    imports = [line for line in source.splitlines() if line.startswith(("from gateway", "import gateway"))]
+    assert imports and all(line.startswith("from gateway.api import") for line in imports)
+    assert f"def {hook}" in source
