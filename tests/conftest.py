@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -78,9 +79,8 @@ def register_secret() -> object:
     return SECRETS.add
 
 
-@pytest.fixture
-async def postgres_url() -> AsyncIterator[str]:
-    """A fresh PostgreSQL database for this test (skips when none is reachable)."""
+@asynccontextmanager
+async def _postgres() -> AsyncIterator[str]:
     try:
         async with temporary_postgres_database() as url:
             yield url
@@ -90,13 +90,21 @@ async def postgres_url() -> AsyncIterator[str]:
         pytest.skip(f"no PostgreSQL reachable: {exc}")
 
 
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh PostgreSQL database for this test (skips when none is reachable)."""
+    async with _postgres() as url:
+        yield url
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
     """The same test on SQLite and on PostgreSQL."""
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
         return
-    yield request.getfixturevalue("postgres_url")
+    async with _postgres() as url:
+        yield url
 
 
 @pytest.fixture

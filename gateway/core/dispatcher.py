@@ -145,10 +145,20 @@ class Dispatcher:
         """Deliver one push, retrying within its deadline; never raises for delivery trouble."""
         lane = self._lanes.get((push.plugin, push.app_id))
         if lane is None:
-            return await self._final(push, None, Attempt(Outcome.PERMANENT, reason=Reason.UNKNOWN_APP,
-                                     detail=f"no app {push.app_id!r} for plugin {push.plugin!r}"), 0)
+            return await self._final(
+                push,
+                None,
+                Attempt(
+                    Outcome.PERMANENT,
+                    reason=Reason.UNKNOWN_APP,
+                    detail=f"no app {push.app_id!r} for plugin {push.plugin!r}",
+                ),
+                0,
+            )
         if self._closing:
-            return await self._final(push, lane, Attempt(Outcome.TRANSIENT, reason=Reason.SHUTTING_DOWN), 0)
+            return await self._final(
+                push, lane, Attempt(Outcome.TRANSIENT, reason=Reason.SHUTTING_DOWN), 0
+            )
         refused = lane.client.validate(push)
         if refused is not None:
             return await self._final(push, lane, refused, 0)
@@ -180,16 +190,24 @@ class Dispatcher:
         while True:
             now = time.monotonic()
             if now >= deadline:
-                return await self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
+                return await self._shed(
+                    push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts
+                )
             if not lane.breaker.allow(now):
-                return await self._shed(push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts)
+                return await self._shed(
+                    push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts
+                )
             if lane.gate_until > now:
                 if lane.gate_until >= deadline:
-                    return await self._shed(push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts)
+                    return await self._shed(
+                        push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts
+                    )
                 await asyncio.sleep(lane.gate_until - now)
                 continue
             if not await self._acquire(lane.semaphore, deadline):
-                return await self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
+                return await self._shed(
+                    push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts
+                )
             started = time.monotonic()
             try:
                 attempt = await client.send(push)
@@ -199,7 +217,9 @@ class Dispatcher:
             finished = time.monotonic()
             self._observe_attempt(lane, attempt, finished - started)
             if lane.breaker.record(attempt.outcome, finished):
-                self.metrics.circuit_open.labels(lane.app_id).set(lane.breaker.opened_at is not None)
+                self.metrics.circuit_open.labels(lane.app_id).set(
+                    lane.breaker.opened_at is not None
+                )
             outcome = attempt.outcome
             if outcome is Outcome.OK or outcome is Outcome.PERMANENT:
                 return await self._final(push, lane, attempt, attempts)
@@ -227,8 +247,10 @@ class Dispatcher:
         if attempt.retry_after is not None:
             return attempt.retry_after
         if attempt.outcome is Outcome.THROTTLED and attempt.credential_wide:
-            return max(self.config.throttle_backoff, backoff_delay(retries, self.config.backoff_base,
-                                                                   self.config.backoff_cap))
+            return max(
+                self.config.throttle_backoff,
+                backoff_delay(retries, self.config.backoff_base, self.config.backoff_cap),
+            )
         return backoff_delay(retries, self.config.backoff_base, self.config.backoff_cap)
 
     @staticmethod
@@ -247,18 +269,30 @@ class Dispatcher:
         self.metrics.attempts.labels(kind, lane.app_id, attempt.outcome.value).inc()
         self.metrics.provider_latency.labels(kind, lane.app_id).observe(seconds)
 
-    async def _token_invalid(self, push: Push, lane: Lane, attempt: Attempt, attempts: int) -> Receipt:
-        lane.guard.record(True)
+    async def _token_invalid(
+        self, push: Push, lane: Lane, attempt: Attempt, attempts: int
+    ) -> Receipt:
         was_tripped = lane.guard.tripped
-        self.metrics.invalidation_suspended.labels(lane.app_id).set(was_tripped)
-        if was_tripped:
-            log.warning(
-                "token invalidation suspended for app %s: most tokens came back invalid "
-                "(wrong environment or project?)", lane.app_id,
+        lane.guard.record(True)
+        tripped = lane.guard.tripped
+        if tripped != was_tripped:
+            self.metrics.invalidation_suspended.labels(lane.app_id).set(tripped)
+            if tripped:
+                log.warning(
+                    "token invalidation suspended for app %s: most tokens came back invalid "
+                    "(wrong environment or project?)",
+                    lane.app_id,
+                )
+            else:
+                log.warning("token invalidation resumed for app %s", lane.app_id)
+        if tripped:
+            held = Attempt(
+                Outcome.PERMANENT,
+                attempt.status,
+                Reason.INVALIDATION_SUSPENDED,
+                provider_id=attempt.provider_id,
+                detail=f"provider said {attempt.reason}; invalidation suspended",
             )
-            held = Attempt(Outcome.PERMANENT, attempt.status, Reason.INVALIDATION_SUSPENDED,
-                           provider_id=attempt.provider_id,
-                           detail=f"provider said {attempt.reason}; invalidation suspended")
             return await self._final(push, lane, held, attempts, record_guard=False)
         receipt = await self._final(push, lane, attempt, attempts, record_guard=False)
         invalid = InvalidToken(
@@ -274,12 +308,19 @@ class Dispatcher:
         await self.invalidation.report(invalid, persist=push.policy.persist_token_hash)
         return receipt
 
-    async def _shed(self, push: Push, lane: Lane, reason: str, outcome: Outcome, attempts: int) -> Receipt:
+    async def _shed(
+        self, push: Push, lane: Lane, reason: str, outcome: Outcome, attempts: int
+    ) -> Receipt:
         self.metrics.shed.labels(push.plugin, lane.app_id, reason).inc()
         return await self._final(push, lane, Attempt(outcome, reason=reason), attempts)
 
     async def _final(
-        self, push: Push, lane: Lane | None, attempt: Attempt, attempts: int, record_guard: bool = True
+        self,
+        push: Push,
+        lane: Lane | None,
+        attempt: Attempt,
+        attempts: int,
+        record_guard: bool = True,
     ) -> Receipt:
         provider = lane.client.kind if lane else None
         if lane is not None and record_guard and attempts:
@@ -301,8 +342,9 @@ class Dispatcher:
             detail=attempt.detail,
         )
         kind = provider.value if provider else "none"
-        self.metrics.pushes.labels(push.plugin, kind, push.app_id, receipt.outcome.value,
-                                   receipt.reason or "").inc()
+        self.metrics.pushes.labels(
+            push.plugin, kind, push.app_id, receipt.outcome.value, receipt.reason or ""
+        ).inc()
         self.metrics.push_latency.labels(push.plugin, kind).observe(receipt.latency)
         if self.sink is not None:
             await self.sink(push, receipt)
@@ -327,9 +369,12 @@ class Dispatcher:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
         except TimeoutError:
-            log.warning("shutdown: %d pushes still in flight after %.1f s", self._in_flight, timeout)
+            log.warning(
+                "shutdown: %d pushes still in flight after %.1f s", self._in_flight, timeout
+            )
             return False
 
     async def close(self) -> None:
-        await asyncio.gather(*(lane.client.close() for lane in self._lanes.values()),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(lane.client.close() for lane in self._lanes.values()), return_exceptions=True
+        )

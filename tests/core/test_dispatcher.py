@@ -1,0 +1,325 @@
+"""The dispatcher against the simulators with the real provider clients: retries within the
+deadline, Retry-After, gates, shedding, circuit breaking, the invalidation guard, draining."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import ApnsAppConfig, DeliveryConfig, FcmAppConfig
+from gateway.context import TokenHasher
+from gateway.core.apns import ApnsClient
+from gateway.core.dispatcher import Dispatcher, backoff_delay
+from gateway.core.fcm import FcmClient
+from gateway.core.metrics import Metrics
+from gateway.core.push import InvalidToken, Outcome, Push, PushPolicy, Reason, Receipt
+from gateway.core.tokens import TokenInvalidation
+from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
+from gateway.testing.fcm_sim import FcmResponse, FcmSimulator
+from gateway.testing.harness import apns_app_config, fcm_app_config
+
+FAST = {"backoff_base": 0.02, "backoff_cap": 0.1, "throttle_backoff": 0.2}
+
+
+def token(n: int) -> str:
+    return f"{n:064x}"
+
+
+@dataclass
+class Rig:
+    apns: ApnsSimulator
+    fcm: FcmSimulator
+    dispatcher: Dispatcher
+    invalid: list[InvalidToken] = field(default_factory=list)
+    receipts: list[Receipt] = field(default_factory=list)
+
+    def push(self, app: str, tok: str, **policy: Any) -> Push:
+        payload: dict[str, Any] = {"aps": {"alert": "hi"}} if app.startswith("ios") else {"data": {"k": "v"}}
+        return Push("p", app, tok, payload, policy=PushPolicy(**policy))
+
+
+@pytest.fixture
+async def rig_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    rigs: list[Rig] = []
+    sims: list[Any] = []
+
+    async def make(apps: dict[str, dict[str, Any]] | None = None, **delivery: Any) -> Rig:
+        apns = ApnsSimulator()
+        fcm = FcmSimulator()
+        await apns.start()
+        await fcm.start()
+        sims.extend([apns, fcm])
+        rig = Rig(apns, fcm, None)  # type: ignore[arg-type]
+
+        async def notify(invalid: InvalidToken) -> None:
+            rig.invalid.append(invalid)
+
+        async def sink(_push: Push, receipt: Receipt) -> None:
+            rig.receipts.append(receipt)
+
+        config = DeliveryConfig(**{**FAST, **delivery})
+        metrics = Metrics()
+        dispatcher = Dispatcher(config, metrics, TokenInvalidation(None, metrics, notify),
+                                TokenHasher(b"k"), sink)
+        apps = apps or {"ios": {}, "android": {}}
+        for app_id, overrides in apps.items():
+            if app_id.startswith("ios"):
+                cfg = ApnsAppConfig(**apns_app_config(apns, tmp_path, **overrides))
+                dispatcher.add_app("p", app_id, ApnsClient(app_id, cfg))
+            else:
+                cfg_f = FcmAppConfig(**fcm_app_config(fcm, tmp_path, project_id=f"proj-{app_id}",
+                                                      **overrides))
+                dispatcher.add_app("p", app_id, FcmClient(app_id, cfg_f))
+        await dispatcher.start()
+        rig.dispatcher = dispatcher
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        await rig.dispatcher.close()
+    for sim in sims:
+        await sim.stop()
+
+
+async def test_success_on_both_providers(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory()
+    ios, android = await rig.dispatcher.send_all([rig.push("ios", token(1)), rig.push("android", "f1")])
+    assert (ios.outcome, ios.status, ios.attempts) == (Outcome.OK, 200, 1)
+    assert (android.outcome, android.status, android.attempts) == (Outcome.OK, 200, 1)
+    assert android.provider_id and android.provider_id.startswith("projects/proj-android/messages/")
+    assert rig.receipts == [ios, android] or rig.receipts == [android, ios]
+
+
+@pytest.mark.parametrize(
+    ("response", "reason"),
+    [
+        (ApnsResponse.error("InternalServerError"), "InternalServerError"),
+        (ApnsResponse.error("ServiceUnavailable"), "ServiceUnavailable"),
+        (ApnsResponse.faulty("reset"), Reason.CONNECTION_ERROR),
+        (ApnsResponse.faulty("drop"), Reason.CONNECTION_ERROR),
+    ],
+)
+async def test_apns_transient_failures_are_retried(
+    rig_factory: Callable[..., Any], response: ApnsResponse, reason: str
+) -> None:
+    rig = await rig_factory()
+    rig.apns.script(token(2), response, ApnsResponse.ok())
+    receipt = await rig.dispatcher.send(rig.push("ios", token(2)))
+    assert receipt.outcome is Outcome.OK and receipt.attempts == 2
+    assert len(rig.apns.requests_for(token(2))) >= 1
+
+
+async def test_apns_error_without_body_ends_as_transient(rig_factory: Callable[..., Any]) -> None:
+    # aioapns alone would hang on this answer until the connection drops
+    rig = await rig_factory({"ios": {"request_timeout": 0.3}})
+    rig.apns.script(token(3), ApnsResponse.faulty("no_body", status=500))
+    receipt = await rig.dispatcher.send(rig.push("ios", token(3), deadline=2.0, max_retries=0))
+    assert (receipt.outcome, receipt.status, receipt.attempts) == (Outcome.TRANSIENT, 500, 1)
+
+
+@pytest.mark.parametrize("reason", ["BadTopic", "TopicDisallowed", "BadCertificate", "MissingTopic"])
+async def test_permanent_failures_are_not_retried(rig_factory: Callable[..., Any], reason: str) -> None:
+    rig = await rig_factory()
+    rig.apns.script(token(4), ApnsResponse.error(reason))
+    receipt = await rig.dispatcher.send(rig.push("ios", token(4)))
+    assert (receipt.outcome, receipt.reason, receipt.attempts) == (Outcome.PERMANENT, reason, 1)
+    assert len(rig.apns.requests_for(token(4))) == 1
+    assert rig.invalid == []
+
+
+@pytest.mark.parametrize("reason", ["Unregistered", "BadDeviceToken", "DeviceTokenNotForTopic"])
+async def test_apns_token_invalid_reaches_the_plugin_once(
+    rig_factory: Callable[..., Any], reason: str
+) -> None:
+    rig = await rig_factory()
+    rig.apns.script(token(5), ApnsResponse.error(reason))
+    first, second = await rig.dispatcher.send_all([rig.push("ios", token(5)), rig.push("ios", token(5))])
+    assert first.outcome is second.outcome is Outcome.TOKEN_INVALID
+    assert [(i.reason, i.token) for i in rig.invalid] == [(reason, token(5))]
+
+
+@pytest.mark.parametrize(
+    ("response", "outcome", "reason"),
+    [
+        (FcmResponse.unregistered(), Outcome.TOKEN_INVALID, "UNREGISTERED"),
+        (FcmResponse.sender_id_mismatch(), Outcome.TOKEN_INVALID, "SENDER_ID_MISMATCH"),
+        (FcmResponse.invalid_token(), Outcome.TOKEN_INVALID, "INVALID_ARGUMENT"),
+        (FcmResponse.invalid_argument(field="message.data"), Outcome.PERMANENT, "INVALID_ARGUMENT"),
+        (FcmResponse.permission_denied(), Outcome.PERMANENT, "PERMISSION_DENIED"),
+        (FcmResponse.third_party_auth_error(), Outcome.PERMANENT, "THIRD_PARTY_AUTH_ERROR"),
+    ],
+)
+async def test_fcm_final_classes(
+    rig_factory: Callable[..., Any], response: FcmResponse, outcome: Outcome, reason: str
+) -> None:
+    rig = await rig_factory()
+    rig.fcm.script("ftok", response)
+    receipt = await rig.dispatcher.send(rig.push("android", "ftok"))
+    assert (receipt.outcome, receipt.reason, receipt.attempts) == (outcome, reason, 1)
+    assert len(rig.invalid) == (1 if outcome is Outcome.TOKEN_INVALID else 0)
+
+
+@pytest.mark.parametrize("response", [FcmResponse.unavailable(), FcmResponse.internal(), FcmResponse.drop()])
+async def test_fcm_transient_classes_are_retried(
+    rig_factory: Callable[..., Any], response: FcmResponse
+) -> None:
+    rig = await rig_factory()
+    rig.fcm.script("ftok2", response, FcmResponse.ok())
+    receipt = await rig.dispatcher.send(rig.push("android", "ftok2"))
+    assert receipt.outcome is Outcome.OK and receipt.attempts == 2
+
+
+async def test_retry_after_is_honoured(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory()
+    rig.fcm.script("ftok3", FcmResponse.unavailable(retry_after=1), FcmResponse.ok())
+    receipt = await rig.dispatcher.send(rig.push("android", "ftok3", deadline=5.0))
+    assert receipt.outcome is Outcome.OK and receipt.attempts == 2
+    first, second = rig.fcm.requests[-2:]
+    assert second.at - first.at >= 1.0  # the provider asked for a second; backoff alone is 0.1
+
+
+async def test_quota_exceeded_closes_the_gate_for_the_app(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory()
+    rig.fcm.script("q1", FcmResponse.quota_exceeded(retry_after=2), FcmResponse.ok())
+    first = asyncio.create_task(rig.dispatcher.send(rig.push("android", "q1", deadline=5.0)))
+    await rig.fcm.wait_for_requests(1)
+    await asyncio.sleep(0)  # let the 429 be classified and the gate close
+    while not rig.dispatcher._lanes[("p", "android")].gate_until:
+        await asyncio.sleep(0.01)
+    blocked = await rig.dispatcher.send(rig.push("android", "q2", deadline=0.5))
+    assert (blocked.outcome, blocked.reason, blocked.attempts) == (Outcome.THROTTLED, Reason.GATE_CLOSED, 0)
+    assert rig.fcm.requests_for("q2") == []
+    done = await first
+    assert done.outcome is Outcome.OK and done.attempts == 2
+    assert rig.fcm.requests[-1].at - rig.fcm.requests[0].at >= 2.0
+
+
+async def test_quota_without_retry_after_waits_the_configured_backoff(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory(throttle_backoff=60.0)
+    rig.fcm.script("q3", FcmResponse.quota_exceeded())
+    receipt = await rig.dispatcher.send(rig.push("android", "q3", deadline=1.0))
+    # a 60 s back-off does not fit the 1 s deadline: no second attempt
+    assert (receipt.outcome, receipt.attempts) == (Outcome.THROTTLED, 1)
+    assert len(rig.fcm.requests) == 1
+
+
+async def test_retries_never_start_after_the_deadline(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory(backoff_base=0.05, backoff_cap=0.05)
+    rig.apns.script(token(6), ApnsResponse.error("InternalServerError"))
+    push = rig.push("ios", token(6), deadline=0.6)
+    receipt = await rig.dispatcher.send(push)
+    assert receipt.outcome is Outcome.TRANSIENT
+    assert receipt.attempts >= 2
+    requests = rig.apns.requests_for(token(6))
+    assert len(requests) == receipt.attempts
+    assert all(r.at <= push.submitted + 0.6 + 0.05 for r in requests)  # last one may be in flight
+
+
+async def test_expired_deadline_is_shed_without_a_request(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory()
+    push = rig.push("ios", token(7), deadline=0.01)
+    await asyncio.sleep(0.02)
+    receipt = await rig.dispatcher.send(push)
+    assert (receipt.outcome, receipt.reason, receipt.attempts) == (
+        Outcome.TRANSIENT, Reason.DEADLINE_EXCEEDED, 0)
+    assert rig.apns.requests_for(token(7)) == []
+    text = rig.dispatcher.metrics.exposition().decode()
+    assert 'pushgw_pushes_shed_total{app="ios",plugin="p",reason="deadline_exceeded"} 1.0' in text
+
+
+async def test_expired_provider_token_is_resigned_once(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory()
+    rig.apns.script(token(8), ApnsResponse.error("ExpiredProviderToken"), ApnsResponse.ok())
+    receipt = await rig.dispatcher.send(rig.push("ios", token(8)))
+    assert receipt.outcome is Outcome.OK and receipt.attempts == 2
+    jwts = {r.headers.get("authorization") for r in rig.apns.requests_for(token(8))}
+    assert len(jwts) == 2
+
+
+async def test_payload_limits_are_checked_before_sending(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory()
+    pad = "x" * (4096 - len('{"aps":{},"p":""}'))
+    fits = Push("p", "ios", token(9), {"aps": {}, "p": pad})
+    too_big = Push("p", "ios", token(10), {"aps": {}, "p": pad + "x"})
+    ok, refused = await rig.dispatcher.send_all([fits, too_big])
+    assert ok.outcome is Outcome.OK
+    assert (refused.outcome, refused.reason, refused.attempts) == (
+        Outcome.PERMANENT, Reason.PAYLOAD_TOO_LARGE, 0)
+    assert refused.detail and "4097" in refused.detail
+    assert rig.apns.requests_for(token(10)) == []
+
+
+async def test_a_slow_app_does_not_delay_another(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory({"ios-slow": {"max_in_flight": 2}, "ios-fast": {}})
+    for n in range(10):
+        rig.apns.script(token(100 + n), ApnsResponse.ok(delay=1.0))
+    finished: list[str] = []
+
+    async def send(app: str, tok: str) -> None:
+        await rig.dispatcher.send(rig.push(app, tok))
+        finished.append(app)
+
+    await asyncio.gather(
+        *(send("ios-slow", token(100 + n)) for n in range(10)),
+        *(send("ios-fast", token(200 + n)) for n in range(10)),
+    )
+    assert finished[:10] == ["ios-fast"] * 10
+
+
+async def test_queue_bound_sheds_excess(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory({"ios": {"max_in_flight": 1}}, queue_size=2)
+    for n in range(3):
+        rig.apns.script(token(300 + n), ApnsResponse.ok(delay=0.3))
+    receipts = await rig.dispatcher.send_all([rig.push("ios", token(300 + n)) for n in range(3)])
+    assert [r.reason for r in receipts].count(Reason.QUEUE_FULL) == 1
+    assert sum(r.ok for r in receipts) == 2
+
+
+async def test_circuit_breaker_fails_fast_then_recovers(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory(circuit_breaker={"failure_threshold": 3, "reset_after": 0.3})
+    rig.apns.script_all(ApnsResponse.error("ServiceUnavailable"))
+    for n in range(3):
+        await rig.dispatcher.send(rig.push("ios", token(400 + n), max_retries=0))
+    before = len(rig.apns.requests)
+    fast = await rig.dispatcher.send(rig.push("ios", token(410), max_retries=0))
+    assert (fast.reason, fast.attempts) == (Reason.CIRCUIT_OPEN, 0)
+    assert len(rig.apns.requests) == before
+    rig.apns.clear_scripts()
+    await asyncio.sleep(0.35)  # the breaker's own reset period, not synchronisation
+    trial = await rig.dispatcher.send(rig.push("ios", token(411), max_retries=0))
+    assert trial.ok
+    assert (await rig.dispatcher.send(rig.push("ios", token(412)))).ok
+
+
+async def test_mass_invalidation_guard_holds_invalidations(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory(invalidation_guard_min=10)
+    rig.apns.script_all(ApnsResponse.error("BadDeviceToken"))
+    receipts = [await rig.dispatcher.send(rig.push("ios", token(500 + n))) for n in range(20)]
+    held = [r for r in receipts if r.reason == Reason.INVALIDATION_SUSPENDED]
+    assert held and all(r.outcome is Outcome.PERMANENT for r in held)
+    assert len(rig.invalid) == 9  # the guard trips at the 10th of 10 invalid answers
+    assert len(rig.invalid) + len(held) == 20
+
+
+async def test_drain_finishes_in_flight_and_refuses_new(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory()
+    rig.apns.script(token(600), ApnsResponse.ok(delay=0.3))
+    in_flight = asyncio.create_task(rig.dispatcher.send(rig.push("ios", token(600))))
+    await rig.apns.wait_for_requests(1)
+    assert await rig.dispatcher.drain(timeout=5.0)
+    assert (await in_flight).ok
+    late = await rig.dispatcher.send(rig.push("ios", token(601)))
+    assert late.reason == Reason.SHUTTING_DOWN
+
+
+def test_backoff_is_full_jitter_and_capped() -> None:
+    samples = [backoff_delay(retry, 1.0, 60.0) for retry in range(12) for _ in range(50)]
+    assert all(0 <= s <= 60.0 for s in samples)
+    assert max(backoff_delay(0, 1.0, 60.0) for _ in range(200)) <= 1.0
+    assert max(backoff_delay(10, 1.0, 60.0) for _ in range(200)) > 1.0
