@@ -1,0 +1,1 @@
+"""Tests of the Marmot plugin's protocol layer."""

@@ -1,0 +1,95 @@
+"""The application: health, readiness, metrics, graceful shutdown, receipts on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import create_app, load_gateway
+from gateway.context import TokenHasher
+from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
+from gateway.testing.harness import GatewayHarness, apns_app_config, base_config
+
+TOKEN = "c3" * 32
+
+
+async def test_health_ready_and_metrics(tmp_path: Path) -> None:
+    async with GatewayHarness(base_config(tmp_path, {})) as gw:
+        health = await gw.client.get("/healthz")
+        assert health.status == 200 and await health.json() == {"status": "ok"}
+        ready = await gw.client.get("/readyz")
+        assert ready.status == 200 and (await ready.json())["store"] is True
+        metrics = await gw.client.get("/metrics")
+        assert metrics.status == 200
+        assert metrics.headers["Content-Type"].startswith("text/plain")
+        text = await metrics.text()
+        assert 'pushgw_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in text
+        assert "# TYPE pushgw_pushes_total counter" in text
+        assert health.headers["X-Request-Id"]
+
+
+async def test_request_id_is_echoed(tmp_path: Path) -> None:
+    async with GatewayHarness(base_config(tmp_path, {})) as gw:
+        response = await gw.client.get("/healthz", headers={"X-Request-Id": "abc123"})
+        assert response.headers["X-Request-Id"] == "abc123"
+
+
+async def test_unknown_route_is_a_404_not_a_500(tmp_path: Path) -> None:
+    async with GatewayHarness(base_config(tmp_path, {})) as gw:
+        response = await gw.client.post("/nope", data=b"\xff\x00")
+        assert response.status == 404
+
+
+async def test_metrics_on_their_own_port(tmp_path: Path, unused_tcp_port: int) -> None:
+    config = base_config(tmp_path, {}, server={"metrics_port": unused_tcp_port})
+    async with GatewayHarness(config) as gw:
+        assert (await gw.client.get("/metrics")).status == 404
+        async with gw.client.session.get(f"http://127.0.0.1:{unused_tcp_port}/metrics") as resp:
+            assert resp.status == 200
+            assert "pushgw_pushes_total" in await resp.text()
+
+
+async def test_readyz_reports_an_unreachable_store(tmp_path: Path) -> None:
+    config = base_config(tmp_path, {})
+    config["store"] = {"url": "postgresql+asyncpg://nobody@127.0.0.1:1/none", "auto_upgrade": False}
+    async with GatewayHarness(config) as gw:
+        ready = await gw.client.get("/readyz")
+        assert ready.status == 503
+        assert (await ready.json())["store"] is False
+
+
+async def test_shutdown_drains_in_flight_pushes_and_flushes_receipts(
+    sample_plugin_installed: str, tmp_path: Path
+) -> None:
+    async with ApnsSimulator() as apns:
+        config = base_config(
+            tmp_path, {"sample": {"apps": {"ios": apns_app_config(apns, tmp_path)}}},
+            server={"shutdown_timeout": 5.0},
+        )
+        apns.script(TOKEN, ApnsResponse.ok(delay=0.5))
+        gateway = load_gateway(data=config)
+        client = TestClient(TestServer(create_app(gateway)))
+        await client.start_server()
+        pending = asyncio.create_task(
+            client.post("/sample/push", json={"app": "ios", "token": TOKEN, "payload": {"aps": {}}})
+        )
+        await apns.wait_for_requests(1)
+        dispatcher = gateway.runtime.dispatcher
+        assert dispatcher is not None and dispatcher.in_flight == 1
+        await client.server.close()  # shutdown starts while the push is in flight
+        response = await pending
+        assert (await response.json())["outcome"] == "ok"
+        await client.close()
+    files = sorted((tmp_path / "receipts").glob("*.jsonl"))
+    assert files and not list((tmp_path / "receipts").glob("*.open"))
+    records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert len(records) == 1
+    record = records[0]
+    assert record["status"] == "ok" and record["plugin"] == "sample" and record["app_id"] == "ios"
+    assert record["token_hash"] == TokenHasher(b"test-receipts-key")(TOKEN)
+    assert TOKEN not in files[0].read_text()
+    assert set(record) == {"v", "ts", "push_id", "plugin", "app_id", "provider", "status",
+                           "http_status", "reason", "attempts", "latency_ms", "token_hash"}

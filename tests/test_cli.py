@@ -1,0 +1,152 @@
+"""The `pushgw` command, run as operators run it: in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import SAMPLE_PLUGIN_DIR
+
+PUSHGW = [sys.executable, "-m", "gateway.cli"]
+
+
+def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PUSHGW, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def write_config(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "pushgw.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0 and result.stdout.startswith("pushgw ")
+
+
+def test_plugins_lists_the_builtins() -> None:
+    result = run("plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    names = {p["name"]: p for p in json.loads(result.stdout)}
+    assert {"matrix", "zulip", "marmot", "receipts-spark"} <= set(names)
+    assert names["matrix"]["distribution"] == "pushgw"
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"delivery": {"max_retries": -1}})
+    result = run("check-config", "--config", str(path))
+    assert result.returncode == 2
+    assert f"{path}: delivery.max_retries:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_config_file_exits_2(tmp_path: Path) -> None:
+    result = run("serve", "--config", str(tmp_path / "none.yaml"))
+    assert result.returncode == 2 and "config file not found" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_check_config_masks_secrets(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"receipts": {"hmac_key": "very-secret-hmac"}})
+    result = run("check-config", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    normalized = json.loads(result.stdout)
+    assert normalized["receipts"]["hmac_key"] == "**********"
+    assert "very-secret-hmac" not in result.stdout + result.stderr
+
+
+def test_db_upgrade(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"}})
+    result = run("db", "upgrade", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "database at head (sqlite)" in result.stdout
+
+
+def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
+    # the sample plugin as an installed distribution, in the subprocess too
+    site = tmp_path / "site" / "pushgw_sample-1.0.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: pushgw-sample\nVersion: 1.0\n")
+    (site / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(SAMPLE_PLUGIN_DIR), os.getcwd()])}
+    db = tmp_path / "db.sqlite"
+    path = write_config(tmp_path, {"store": {"url": f"sqlite+aiosqlite:///{db}"},
+                                   "plugins": {"enabled": ["sample"]}})
+    dead = tmp_path / "dead-tokens.jsonl"
+    dead.write_text(
+        json.dumps({"plugin": "sample", "app_id": "ios", "provider": "apns", "token_hash": "ab" * 32,
+                    "reason": "Unregistered", "failures": 3, "last_seen": 1.0}) + "\n"
+        + json.dumps({"plugin": "other", "app_id": "x", "provider": None, "token_hash": "cd" * 32,
+                      "reason": "permanent", "failures": 1, "last_seen": 1.0}) + "\n"
+    )
+    result = run("tokens", "retire", str(dead), "--config", str(path), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "retired 1 tokens; skipped 1" in result.stdout
+    import sqlite3
+
+    rows = sqlite3.connect(db).execute("SELECT token_hash, reason FROM sample_invalid").fetchall()
+    assert rows == [("ab" * 32, "Unregistered")]
+
+
+def test_tokens_retire_rejects_a_malformed_file(tmp_path: Path) -> None:
+    dead = tmp_path / "dead.jsonl"
+    dead.write_text("{not json\n")
+    result = run("tokens", "retire", str(dead))
+    assert result.returncode == 2 and f"{dead}:1: not a dead-token record" in result.stderr
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)  # the server is a separate process: poll until it listens
+    raise AssertionError("pushgw serve did not become healthy")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_answers_health_and_metrics(tmp_path: Path, workers: int) -> None:
+    port = free_port()
+    path = write_config(tmp_path, {
+        "server": {"port": port},
+        "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"},
+        "receipts": {"directory": str(tmp_path / "receipts")},
+    })
+    proc = subprocess.Popen([*PUSHGW, "serve", "--config", str(path), "--workers", str(workers)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, proc)
+        for _ in range(10):
+            urllib.request.urlopen(url + "/healthz", timeout=5).read()
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+        # every worker counts into the same exposition: at least the 10 health checks
+        line = next(li for li in text.splitlines()
+                    if li.startswith('pushgw_http_requests_total{method="GET",route="/healthz"'))
+        assert float(line.rsplit(" ", 1)[1]) >= 10
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == 0
