@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 AppConfig = ApnsAppConfig | FcmAppConfig
 ClientFactory = Callable[[str, AppConfig, Settings], ProviderClient]
 
-GATEWAY = web.AppKey("gateway", "LoadedGateway")
 CORE_ROUTES = ("/healthz", "/readyz", "/metrics")
 
 
@@ -99,6 +98,9 @@ class LoadedGateway:
         return store
 
 
+GATEWAY = web.AppKey("gateway", LoadedGateway)
+
+
 def load_gateway(
     path: str | Path | None = None,
     *,
@@ -113,7 +115,8 @@ def load_gateway(
     unknown = set(settings.plugins.configured_names()) - set(registry.names)
     if unknown:
         raise ConfigError(
-            [f"plugins.{n}: section for a plugin that is not enabled" for n in sorted(unknown)], source
+            [f"plugins.{n}: section for a plugin that is not enabled" for n in sorted(unknown)],
+            source,
         )
     runtime = Runtime(
         settings=settings,
@@ -148,7 +151,9 @@ def create_app(gateway: LoadedGateway) -> web.Application:
     if settings.server.metrics_port is None:
         app.router.add_get("/metrics", _metrics)
     for name in gateway.registry.names:
-        gateway.registry.call(name, "pushgw_routes", context=gateway.contexts[name], router=app.router)
+        gateway.registry.call(
+            name, "pushgw_routes", context=gateway.contexts[name], router=app.router
+        )
     app.cleanup_ctx.append(_delivery_ctx)
     app.cleanup_ctx.append(_services_ctx)
     if settings.server.metrics_port is not None:
@@ -227,7 +232,9 @@ def _make_sink(
             await writer.put(receipt)
         if observers:
             try:
-                await gateway.registry.broadcast_async("pushgw_push_result", push=push, receipt=receipt)
+                await gateway.registry.broadcast_async(
+                    "pushgw_push_result", push=push, receipt=receipt
+                )
             except Exception:
                 log.exception("a pushgw_push_result hook failed")
 
@@ -238,7 +245,9 @@ async def _services_ctx(app: web.Application) -> AsyncIterator[None]:
     gateway = app[GATEWAY]
     started: list[Service] = []
     for name in gateway.registry.names:
-        for service in gateway.registry.call(name, "pushgw_services", context=gateway.contexts[name]) or ():
+        for service in (
+            gateway.registry.call(name, "pushgw_services", context=gateway.contexts[name]) or ()
+        ):
             await service.start()
             started.append(service)
     gateway.services = started
@@ -258,8 +267,9 @@ async def _metrics_server_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics_app.router.add_get("/metrics", _metrics)
     runner = web.AppRunner(metrics_app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, gateway.settings.server.host, gateway.settings.server.metrics_port,
-                       reuse_port=True)
+    site = web.TCPSite(
+        runner, gateway.settings.server.host, gateway.settings.server.metrics_port, reuse_port=True
+    )
     await site.start()
     yield
     await runner.cleanup()

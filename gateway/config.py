@@ -245,7 +245,8 @@ def _format_errors(error: ValidationError, prefix: tuple[str | int, ...] = ()) -
         raw = [str(p) for p in (*prefix, *item["loc"])]
         # pydantic puts the app's union tag ("apns", "fcm") after `apps.<id>`: not a key.
         loc = [
-            p for i, p in enumerate(raw)
+            p
+            for i, p in enumerate(raw)
             if not (i >= 2 and raw[i - 2] == "apps" and p in ("apns", "fcm"))
         ]
         msg = item["msg"]

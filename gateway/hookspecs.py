@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from sqlalchemy import MetaData
 
     from gateway.config import ApnsAppConfig, FcmAppConfig
-    from gateway.context import CommandContext, PluginContext, Service
+    from gateway.context import PluginContext, Service
     from gateway.core.push import InvalidToken, Push, Receipt
 
 PROJECT = "pushgw"

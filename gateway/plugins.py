@@ -78,7 +78,9 @@ class PluginRegistry:
                 plugin = self._load(name, available[name])
             else:
                 known = ", ".join(sorted(set(available) | set(extra))) or "none"
-                raise ConfigError([f"plugins.enabled: unknown plugin '{name}' (installed: {known})"])
+                raise ConfigError(
+                    [f"plugins.enabled: unknown plugin '{name}' (installed: {known})"]
+                )
             self.pm.register(plugin, name=name)
             self.names.append(name)
         for name, plugin in extra.items():  # extras not listed in enabled still run
@@ -94,7 +96,9 @@ class PluginRegistry:
         try:
             return ep.load()
         except Exception as exc:  # a broken third-party plugin must not be a traceback
-            raise ConfigError([f"plugins.enabled: plugin '{name}' failed to load: {exc!r}"]) from None
+            raise ConfigError(
+                [f"plugins.enabled: plugin '{name}' failed to load: {exc!r}"]
+            ) from None
 
     def plugin(self, name: str) -> object:
         return self.pm.get_plugin(name)

@@ -61,8 +61,20 @@ def pytest_configure(config: pytest.Config) -> None:
     root.addHandler(LOG_CAPTURE)
     root.setLevel(logging.DEBUG)
     # As in production (gateway.logs.configure): chatty clients stay at WARNING.
-    for noisy in ("aioapns", "h2", "hpack", "httpx", "httpcore", "urllib3", "google", "asyncio",
-                  "aiosqlite", "asyncpg", "py4j", "websockets"):
+    for noisy in (
+        "aioapns",
+        "h2",
+        "hpack",
+        "httpx",
+        "httpcore",
+        "urllib3",
+        "google",
+        "asyncio",
+        "aiosqlite",
+        "asyncpg",
+        "py4j",
+        "websockets",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     _track(apns_sim.ApnsSimulator)
     _track(fcm_sim.FcmSimulator)
@@ -113,7 +125,9 @@ def sample_plugin_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     site = tmp_path / "site"
     dist_info = site / "pushgw_sample-1.0.dist-info"
     dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: pushgw-sample\nVersion: 1.0\n")
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: pushgw-sample\nVersion: 1.0\n"
+    )
     (dist_info / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.syspath_prepend(str(SAMPLE_PLUGIN_DIR))

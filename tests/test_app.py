@@ -66,7 +66,8 @@ async def test_shutdown_drains_in_flight_pushes_and_flushes_receipts(
 ) -> None:
     async with ApnsSimulator() as apns:
         config = base_config(
-            tmp_path, {"sample": {"apps": {"ios": apns_app_config(apns, tmp_path)}}},
+            tmp_path,
+            {"sample": {"apps": {"ios": apns_app_config(apns, tmp_path)}}},
             server={"shutdown_timeout": 5.0},
         )
         apns.script(TOKEN, ApnsResponse.ok(delay=0.5))
@@ -91,5 +92,17 @@ async def test_shutdown_drains_in_flight_pushes_and_flushes_receipts(
     assert record["status"] == "ok" and record["plugin"] == "sample" and record["app_id"] == "ios"
     assert record["token_hash"] == TokenHasher(b"test-receipts-key")(TOKEN)
     assert TOKEN not in files[0].read_text()
-    assert set(record) == {"v", "ts", "push_id", "plugin", "app_id", "provider", "status",
-                           "http_status", "reason", "attempts", "latency_ms", "token_hash"}
+    assert set(record) == {
+        "v",
+        "ts",
+        "push_id",
+        "plugin",
+        "app_id",
+        "provider",
+        "status",
+        "http_status",
+        "reason",
+        "attempts",
+        "latency_ms",
+        "token_hash",
+    }

@@ -19,9 +19,17 @@ from tests.conftest import SAMPLE_PLUGIN_DIR
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
 
-def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PUSHGW, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PUSHGW, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
 
 
 def write_config(tmp_path: Path, data: dict) -> Path:
@@ -73,7 +81,9 @@ def test_check_config_masks_secrets(tmp_path: Path) -> None:
 
 
 def test_db_upgrade(tmp_path: Path) -> None:
-    path = write_config(tmp_path, {"store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"}})
+    path = write_config(
+        tmp_path, {"store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"}}
+    )
     result = run("db", "upgrade", "--config", str(path))
     assert result.returncode == 0, result.stderr
     assert "database at head (sqlite)" in result.stdout
@@ -87,14 +97,36 @@ def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
     (site / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
     env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(SAMPLE_PLUGIN_DIR), os.getcwd()])}
     db = tmp_path / "db.sqlite"
-    path = write_config(tmp_path, {"store": {"url": f"sqlite+aiosqlite:///{db}"},
-                                   "plugins": {"enabled": ["sample"]}})
+    path = write_config(
+        tmp_path,
+        {"store": {"url": f"sqlite+aiosqlite:///{db}"}, "plugins": {"enabled": ["sample"]}},
+    )
     dead = tmp_path / "dead-tokens.jsonl"
     dead.write_text(
-        json.dumps({"plugin": "sample", "app_id": "ios", "provider": "apns", "token_hash": "ab" * 32,
-                    "reason": "Unregistered", "failures": 3, "last_seen": 1.0}) + "\n"
-        + json.dumps({"plugin": "other", "app_id": "x", "provider": None, "token_hash": "cd" * 32,
-                      "reason": "permanent", "failures": 1, "last_seen": 1.0}) + "\n"
+        json.dumps(
+            {
+                "plugin": "sample",
+                "app_id": "ios",
+                "provider": "apns",
+                "token_hash": "ab" * 32,
+                "reason": "Unregistered",
+                "failures": 3,
+                "last_seen": 1.0,
+            }
+        )
+        + "\n"
+        + json.dumps(
+            {
+                "plugin": "other",
+                "app_id": "x",
+                "provider": None,
+                "token_hash": "cd" * 32,
+                "reason": "permanent",
+                "failures": 1,
+                "last_seen": 1.0,
+            }
+        )
+        + "\n"
     )
     result = run("tokens", "retire", str(dead), "--config", str(path), env=env)
     assert result.returncode == 0, result.stderr
@@ -128,13 +160,20 @@ def _wait_healthy(url: str, proc: subprocess.Popen[str]) -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_serve_answers_health_and_metrics(tmp_path: Path, workers: int) -> None:
     port = free_port()
-    path = write_config(tmp_path, {
-        "server": {"port": port},
-        "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"},
-        "receipts": {"directory": str(tmp_path / "receipts")},
-    })
-    proc = subprocess.Popen([*PUSHGW, "serve", "--config", str(path), "--workers", str(workers)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = write_config(
+        tmp_path,
+        {
+            "server": {"port": port},
+            "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"},
+            "receipts": {"directory": str(tmp_path / "receipts")},
+        },
+    )
+    proc = subprocess.Popen(
+        [*PUSHGW, "serve", "--config", str(path), "--workers", str(workers)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, proc)
@@ -143,8 +182,11 @@ def test_serve_answers_health_and_metrics(tmp_path: Path, workers: int) -> None:
         with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
             text = response.read().decode()
         # every worker counts into the same exposition: at least the 10 health checks
-        line = next(li for li in text.splitlines()
-                    if li.startswith('pushgw_http_requests_total{method="GET",route="/healthz"'))
+        line = next(
+            li
+            for li in text.splitlines()
+            if li.startswith('pushgw_http_requests_total{method="GET",route="/healthz"')
+        )
         assert float(line.rsplit(" ", 1)[1]) >= 10
     finally:
         proc.terminate()

@@ -82,11 +82,15 @@ def test_unknown_enabled_plugin(tmp_path: Path) -> None:
 
 
 def test_section_for_disabled_plugin_is_an_error() -> None:
-    with pytest.raises(ConfigError, match=r"plugins.sample: section for a plugin that is not enabled"):
+    with pytest.raises(
+        ConfigError, match=r"plugins.sample: section for a plugin that is not enabled"
+    ):
         load_gateway(data={"plugins": {"enabled": [], "sample": {"greeting": "x"}}})
 
 
-def test_plugin_section_errors_carry_the_full_key_path(sample_plugin_installed: str, tmp_path: Path) -> None:
+def test_plugin_section_errors_carry_the_full_key_path(
+    sample_plugin_installed: str, tmp_path: Path
+) -> None:
     data = {
         "plugins": {
             "enabled": ["sample"],

@@ -34,7 +34,9 @@ def test_third_party_plugin_is_listed_with_its_hooks(sample_plugin_installed: st
 
 def test_every_hookspec_is_documented() -> None:
     guide = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
-    specs = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("pushgw_")]
+    specs = [
+        n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("pushgw_")
+    ]
     assert len(specs) >= 9
     for name in specs:
         assert (getattr(hookspecs, name).__doc__ or "").strip(), f"{name} has no docstring"
@@ -47,10 +49,15 @@ async def test_third_party_plugin_end_to_end(
     async with ApnsSimulator() as apns, FcmSimulator() as fcm:
         config = base_config(
             tmp_path,
-            {"sample": {"greeting": "hi", "apps": {
-                "ios": apns_app_config(apns, tmp_path, topic="org.example.sample"),
-                "android": fcm_app_config(fcm, tmp_path),
-            }}},
+            {
+                "sample": {
+                    "greeting": "hi",
+                    "apps": {
+                        "ios": apns_app_config(apns, tmp_path, topic="org.example.sample"),
+                        "android": fcm_app_config(fcm, tmp_path),
+                    },
+                }
+            },
         )
         apns.script(APNS_TOKEN, ApnsResponse.error("Unregistered", timestamp=1_700_000_000_000))
         fcm.script(FCM_TOKEN, FcmResponse.unregistered())
@@ -74,12 +81,16 @@ async def test_third_party_plugin_end_to_end(
                 "/sample/push",
                 json={"app": "android", "token": FCM_TOKEN, "payload": {"data": {"k": "v"}}},
             )
-            assert (await dead_fcm.json()) == {"outcome": "token_invalid", "reason": "UNREGISTERED",
-                                               "greeting": "hi"}
+            assert (await dead_fcm.json()) == {
+                "outcome": "token_invalid",
+                "reason": "UNREGISTERED",
+                "greeting": "hi",
+            }
             context = gw.context("sample")
             reported = context.state["invalid"]
             assert [(i.app_id, i.reason) for i in reported] == [
-                ("ios", "Unregistered"), ("android", "UNREGISTERED")
+                ("ios", "Unregistered"),
+                ("android", "UNREGISTERED"),
             ]
             assert reported[0].token == APNS_TOKEN
             assert reported[0].token_hash == context.token_hash(APNS_TOKEN)
@@ -87,10 +98,16 @@ async def test_third_party_plugin_end_to_end(
 
             # the plugin's own table came from its migration branch; the core kept hashes only
             async with context.store.engine.connect() as conn:
-                rows = (await conn.execute(text("SELECT token_hash, reason FROM sample_invalid"))).all()
+                rows = (
+                    await conn.execute(text("SELECT token_hash, reason FROM sample_invalid"))
+                ).all()
                 core = (await conn.execute(select(invalid_tokens.c.token_hash))).scalars().all()
-            assert sorted(rows) == sorted([(context.token_hash(APNS_TOKEN), "Unregistered"),
-                                           (context.token_hash(FCM_TOKEN), "UNREGISTERED")])
+            assert sorted(rows) == sorted(
+                [
+                    (context.token_hash(APNS_TOKEN), "Unregistered"),
+                    (context.token_hash(FCM_TOKEN), "UNREGISTERED"),
+                ]
+            )
             assert sorted(core) == sorted(r[0] for r in rows)
 
             # the plugin's service runs and is reported ready
@@ -101,19 +118,26 @@ async def test_third_party_plugin_end_to_end(
         assert context.state["ticker"].running is False  # stopped at shutdown
 
 
-async def test_unknown_app_is_a_permanent_receipt(sample_plugin_installed: str, tmp_path: Path) -> None:
+async def test_unknown_app_is_a_permanent_receipt(
+    sample_plugin_installed: str, tmp_path: Path
+) -> None:
     config = base_config(tmp_path, {"sample": {}})
     async with GatewayHarness(config) as gw:
         response = await gw.client.post(
             "/sample/push", json={"app": "nope", "token": "t" * 64, "payload": {}}
         )
-        assert await response.json() == {"outcome": "permanent", "reason": "unknown_app",
-                                          "greeting": "hello"}
+        assert await response.json() == {
+            "outcome": "permanent",
+            "reason": "unknown_app",
+            "greeting": "hello",
+        }
 
 
 @pytest.mark.parametrize("hook", ["pushgw_routes", "pushgw_token_invalid", "pushgw_config_model"])
 def test_sample_plugin_uses_only_the_public_api(hook: str) -> None:
     source = (Path(__file__).parent / "sample_plugin" / "pushgw_sample" / "__init__.py").read_text()
-    imports = [line for line in source.splitlines() if line.startswith(("from gateway", "import gateway"))]
+    imports = [
+        line for line in source.splitlines() if line.startswith(("from gateway", "import gateway"))
+    ]
     assert imports and all(line.startswith("from gateway.api import") for line in imports)
     assert f"def {hook}" in source

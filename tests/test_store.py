@@ -23,7 +23,9 @@ async def test_upgrade_creates_core_and_plugin_tables(store_url: str) -> None:
     store = Store(store_url)
     try:
         await store.upgrade([SAMPLE_MIGRATIONS])
-        assert {"pushgw_invalid_tokens", "sample_invalid", "alembic_version"} <= await table_names(store)
+        assert {"pushgw_invalid_tokens", "sample_invalid", "alembic_version"} <= await table_names(
+            store
+        )
         await store.upgrade([SAMPLE_MIGRATIONS])  # idempotent
         assert await store.ping()
     finally:
@@ -40,7 +42,9 @@ async def test_invalid_token_recorded_once_and_plugin_told_once(store_url: str) 
     try:
         await store.upgrade()
         invalidation = TokenInvalidation(store, Metrics(), notify)
-        invalid = InvalidToken("p", "app", "ab" * 32, "secret-token", ProviderKind.FCM, "UNREGISTERED")
+        invalid = InvalidToken(
+            "p", "app", "ab" * 32, "secret-token", ProviderKind.FCM, "UNREGISTERED"
+        )
         assert await invalidation.report(invalid)
         assert not await invalidation.report(invalid)
         # a second gateway process (no memory of the first) must not fail on the duplicate row

@@ -32,7 +32,10 @@ class Metrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests = Counter(
-            "pushgw_http_requests", "HTTP requests handled", ["route", "method", "status"], registry=r
+            "pushgw_http_requests",
+            "HTTP requests handled",
+            ["route", "method", "status"],
+            registry=r,
         )
         self.pushes = Counter(
             "pushgw_pushes",

@@ -173,6 +173,5 @@ class InvalidToken:
 
     def __repr__(self) -> str:
         return (
-            f"InvalidToken(plugin={self.plugin!r}, app_id={self.app_id!r}, "
-            f"reason={self.reason!r})"
+            f"InvalidToken(plugin={self.plugin!r}, app_id={self.app_id!r}, reason={self.reason!r})"
         )

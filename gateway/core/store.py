@@ -16,7 +16,12 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import Column, DateTime, MetaData, String, Table, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 CORE_BRANCH = "core"

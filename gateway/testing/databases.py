@@ -41,7 +41,9 @@ async def temporary_postgres_database() -> AsyncIterator[str]:
             await conn.execute(text(f'CREATE DATABASE "{name}"'))
     except (OSError, ConnectionError) as exc:
         await admin.dispose()
-        raise PostgresUnavailable(f"PostgreSQL at {admin_url.host}:{admin_url.port}: {exc}") from None
+        raise PostgresUnavailable(
+            f"PostgreSQL at {admin_url.host}:{admin_url.port}: {exc}"
+        ) from None
     except Exception as exc:
         await admin.dispose()
         if "connect" in type(exc).__name__.lower() or "connect" in str(exc).lower():

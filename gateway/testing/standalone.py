@@ -15,7 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
-from gateway.testing.apns_sim import generate_apns_auth_key
+from gateway.testing.apns_sim import ApnsResponse, generate_apns_auth_key
+from gateway.testing.fcm_sim import FcmResponse
 from gateway.testing.runner import serve_simulators
 
 LOCAL_KEY_ID = "SIMKEY0001"
@@ -24,10 +25,15 @@ LOCAL_KEY_FILE = "apns-auth-key.p8"
 READY_FILE = "ready.json"
 
 
-async def _main(host: str, apns_port: int, fcm_port: int, state_dir: Path) -> None:
+async def _main(
+    host: str, apns_port: int, fcm_port: int, state_dir: Path, delay: float = 0.0
+) -> None:
     ready = state_dir / READY_FILE
     ready.unlink(missing_ok=True)
     info = await serve_simulators(host, apns_port, fcm_port, state_dir)
+    if delay:  # every answer late: a slow provider, for load and memory measurements
+        info.apns.script_all(ApnsResponse.ok(delay=delay))
+        info.fcm.script_all(FcmResponse.ok(delay=delay))
     key = generate_apns_auth_key(LOCAL_KEY_ID, LOCAL_TEAM_ID)
     key_path = key.write_p8(state_dir / LOCAL_KEY_FILE)
     info.apns.add_jwt_key(key.key_id, key.team_id, key)
@@ -50,10 +56,12 @@ async def _main(host: str, apns_port: int, fcm_port: int, state_dir: Path) -> No
     ready.unlink(missing_ok=True)
 
 
-def run_simulators(host: str, apns_port: int, fcm_port: int, state_dir: Path) -> int:
+def run_simulators(
+    host: str, apns_port: int, fcm_port: int, state_dir: Path, delay: float = 0.0
+) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        asyncio.run(_main(host, apns_port, fcm_port, state_dir))
+        asyncio.run(_main(host, apns_port, fcm_port, state_dir, delay))
     except OSError as exc:
         print(f"pushgw: error: cannot start the simulators: {exc.strerror}", file=sys.stderr)
         return 2
@@ -66,5 +74,6 @@ if __name__ == "__main__":
     parser.add_argument("--apns-port", type=int, default=2197)
     parser.add_argument("--fcm-port", type=int, default=4080)
     parser.add_argument("--state-dir", default="var/simulators")
+    parser.add_argument("--delay", type=float, default=0.0, help="answer every request late")
     a = parser.parse_args()
-    sys.exit(run_simulators(a.host, a.apns_port, a.fcm_port, Path(a.state_dir)))
+    sys.exit(run_simulators(a.host, a.apns_port, a.fcm_port, Path(a.state_dir), a.delay))

@@ -39,7 +39,9 @@ class Rig:
     receipts: list[Receipt] = field(default_factory=list)
 
     def push(self, app: str, tok: str, **policy: Any) -> Push:
-        payload: dict[str, Any] = {"aps": {"alert": "hi"}} if app.startswith("ios") else {"data": {"k": "v"}}
+        payload: dict[str, Any] = (
+            {"aps": {"alert": "hi"}} if app.startswith("ios") else {"data": {"k": "v"}}
+        )
         return Push("p", app, tok, payload, policy=PushPolicy(**policy))
 
 
@@ -64,16 +66,18 @@ async def rig_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
 
         config = DeliveryConfig(**{**FAST, **delivery})
         metrics = Metrics()
-        dispatcher = Dispatcher(config, metrics, TokenInvalidation(None, metrics, notify),
-                                TokenHasher(b"k"), sink)
+        dispatcher = Dispatcher(
+            config, metrics, TokenInvalidation(None, metrics, notify), TokenHasher(b"k"), sink
+        )
         apps = apps or {"ios": {}, "android": {}}
         for app_id, overrides in apps.items():
             if app_id.startswith("ios"):
                 cfg = ApnsAppConfig(**apns_app_config(apns, tmp_path, **overrides))
                 dispatcher.add_app("p", app_id, ApnsClient(app_id, cfg))
             else:
-                cfg_f = FcmAppConfig(**fcm_app_config(fcm, tmp_path, project_id=f"proj-{app_id}",
-                                                      **overrides))
+                cfg_f = FcmAppConfig(
+                    **fcm_app_config(fcm, tmp_path, project_id=f"proj-{app_id}", **overrides)
+                )
                 dispatcher.add_app("p", app_id, FcmClient(app_id, cfg_f))
         await dispatcher.start()
         rig.dispatcher = dispatcher
@@ -89,7 +93,9 @@ async def rig_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
 
 async def test_success_on_both_providers(rig_factory: Callable[..., Any]) -> None:
     rig = await rig_factory()
-    ios, android = await rig.dispatcher.send_all([rig.push("ios", token(1)), rig.push("android", "f1")])
+    ios, android = await rig.dispatcher.send_all(
+        [rig.push("ios", token(1)), rig.push("android", "f1")]
+    )
     assert (ios.outcome, ios.status, ios.attempts) == (Outcome.OK, 200, 1)
     assert (android.outcome, android.status, android.attempts) == (Outcome.OK, 200, 1)
     assert android.provider_id and android.provider_id.startswith("projects/proj-android/messages/")
@@ -123,8 +129,12 @@ async def test_apns_error_without_body_ends_as_transient(rig_factory: Callable[.
     assert (receipt.outcome, receipt.status, receipt.attempts) == (Outcome.TRANSIENT, 500, 1)
 
 
-@pytest.mark.parametrize("reason", ["BadTopic", "TopicDisallowed", "BadCertificate", "MissingTopic"])
-async def test_permanent_failures_are_not_retried(rig_factory: Callable[..., Any], reason: str) -> None:
+@pytest.mark.parametrize(
+    "reason", ["BadTopic", "TopicDisallowed", "BadCertificate", "MissingTopic"]
+)
+async def test_permanent_failures_are_not_retried(
+    rig_factory: Callable[..., Any], reason: str
+) -> None:
     rig = await rig_factory()
     rig.apns.script(token(4), ApnsResponse.error(reason))
     receipt = await rig.dispatcher.send(rig.push("ios", token(4)))
@@ -139,7 +149,9 @@ async def test_apns_token_invalid_reaches_the_plugin_once(
 ) -> None:
     rig = await rig_factory()
     rig.apns.script(token(5), ApnsResponse.error(reason))
-    first, second = await rig.dispatcher.send_all([rig.push("ios", token(5)), rig.push("ios", token(5))])
+    first, second = await rig.dispatcher.send_all(
+        [rig.push("ios", token(5)), rig.push("ios", token(5))]
+    )
     assert first.outcome is second.outcome is Outcome.TOKEN_INVALID
     assert [(i.reason, i.token) for i in rig.invalid] == [(reason, token(5))]
 
@@ -165,7 +177,9 @@ async def test_fcm_final_classes(
     assert len(rig.invalid) == (1 if outcome is Outcome.TOKEN_INVALID else 0)
 
 
-@pytest.mark.parametrize("response", [FcmResponse.unavailable(), FcmResponse.internal(), FcmResponse.drop()])
+@pytest.mark.parametrize(
+    "response", [FcmResponse.unavailable(), FcmResponse.internal(), FcmResponse.drop()]
+)
 async def test_fcm_transient_classes_are_retried(
     rig_factory: Callable[..., Any], response: FcmResponse
 ) -> None:
@@ -193,14 +207,20 @@ async def test_quota_exceeded_closes_the_gate_for_the_app(rig_factory: Callable[
     while not rig.dispatcher._lanes[("p", "android")].gate_until:
         await asyncio.sleep(0.01)
     blocked = await rig.dispatcher.send(rig.push("android", "q2", deadline=0.5))
-    assert (blocked.outcome, blocked.reason, blocked.attempts) == (Outcome.THROTTLED, Reason.GATE_CLOSED, 0)
+    assert (blocked.outcome, blocked.reason, blocked.attempts) == (
+        Outcome.THROTTLED,
+        Reason.GATE_CLOSED,
+        0,
+    )
     assert rig.fcm.requests_for("q2") == []
     done = await first
     assert done.outcome is Outcome.OK and done.attempts == 2
     assert rig.fcm.requests[-1].at - rig.fcm.requests[0].at >= 2.0
 
 
-async def test_quota_without_retry_after_waits_the_configured_backoff(rig_factory: Callable[..., Any]) -> None:
+async def test_quota_without_retry_after_waits_the_configured_backoff(
+    rig_factory: Callable[..., Any],
+) -> None:
     rig = await rig_factory(throttle_backoff=60.0)
     rig.fcm.script("q3", FcmResponse.quota_exceeded())
     receipt = await rig.dispatcher.send(rig.push("android", "q3", deadline=1.0))
@@ -227,7 +247,10 @@ async def test_expired_deadline_is_shed_without_a_request(rig_factory: Callable[
     await asyncio.sleep(0.02)
     receipt = await rig.dispatcher.send(push)
     assert (receipt.outcome, receipt.reason, receipt.attempts) == (
-        Outcome.TRANSIENT, Reason.DEADLINE_EXCEEDED, 0)
+        Outcome.TRANSIENT,
+        Reason.DEADLINE_EXCEEDED,
+        0,
+    )
     assert rig.apns.requests_for(token(7)) == []
     text = rig.dispatcher.metrics.exposition().decode()
     assert 'pushgw_pushes_shed_total{app="ios",plugin="p",reason="deadline_exceeded"} 1.0' in text
@@ -250,7 +273,10 @@ async def test_payload_limits_are_checked_before_sending(rig_factory: Callable[.
     ok, refused = await rig.dispatcher.send_all([fits, too_big])
     assert ok.outcome is Outcome.OK
     assert (refused.outcome, refused.reason, refused.attempts) == (
-        Outcome.PERMANENT, Reason.PAYLOAD_TOO_LARGE, 0)
+        Outcome.PERMANENT,
+        Reason.PAYLOAD_TOO_LARGE,
+        0,
+    )
     assert refused.detail and "4097" in refused.detail
     assert rig.apns.requests_for(token(10)) == []
 

@@ -107,5 +107,9 @@ async def push_handler(context: PluginContext, request: web.Request) -> web.Resp
         )
     )
     return web.json_response(
-        {"outcome": receipt.outcome.value, "reason": receipt.reason, "greeting": context.config.greeting}
+        {
+            "outcome": receipt.outcome.value,
+            "reason": receipt.reason,
+            "greeting": context.config.greeting,
+        }
     )
