@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -125,3 +126,19 @@ class CommandContext:
         if self._loaded is None:
             self._loaded = self._loader(self.config_path)
         return self._loaded
+
+    @contextlib.asynccontextmanager
+    async def open_store(self) -> AsyncIterator[Store]:
+        """The configured store, migrated as at start-up (when `store.auto_upgrade`).
+
+        While it is open, plugin contexts' `store` handles work too.
+        """
+        loaded = self.load()
+        store = loaded.open_store()
+        try:
+            if loaded.settings.store.auto_upgrade:
+                await store.upgrade(loaded.migration_dirs())
+            yield store
+        finally:
+            await store.close()
+            loaded.runtime.store = None

@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 NotifyPlugin = Callable[[InvalidToken], Awaitable[None]]
 
-_RECENT = 100_000  # remembered invalidations, so concurrent pushes call the hook once
+# Invalidations remembered so that concurrent pushes to one dead token call the hook
+# once. Short, so that a token registered again and dead again is reported again.
+_RECENT_MAX = 100_000
+_RECENT_SECONDS = 60.0
 
 
 class InvalidationGuard:
@@ -63,16 +66,19 @@ class TokenInvalidation:
         self._store = store
         self._metrics = metrics
         self._notify = notify
-        self._recent: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._recent: OrderedDict[tuple[str, str, str], float] = OrderedDict()
 
     async def report(self, invalid: InvalidToken, *, persist: bool = True) -> bool:
         """Handle one invalid token; False when it was already handled recently."""
         key = (invalid.plugin, invalid.app_id, invalid.token_hash)
+        now = time.monotonic()
+        while self._recent and (
+            len(self._recent) >= _RECENT_MAX or next(iter(self._recent.values())) < now
+        ):
+            self._recent.popitem(last=False)
         if key in self._recent:
             return False
-        self._recent[key] = None
-        if len(self._recent) > _RECENT:
-            self._recent.popitem(last=False)
+        self._recent[key] = now + _RECENT_SECONDS
         provider = invalid.provider.value if invalid.provider else "none"
         self._metrics.invalid_tokens.labels(invalid.plugin, provider, invalid.app_id).inc()
         if persist and self._store is not None:

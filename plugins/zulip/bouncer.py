@@ -1,0 +1,889 @@
+"""The Zulip push bouncer's HTTP routes (specs/zulip.md §2-§8).
+
+One `Bouncer` per running gateway holds the plugin's state (bouncer keys, the rate
+limiter, the duplicate-suppression window and the sends still running after a notify
+answered); handlers reach the store and the dispatcher through the `PluginContext`.
+
+Privacy: nothing logged here carries a token, a key, a push key id or
+`encrypted_data`; unexpected exceptions are logged by type only, because database
+errors quote statement parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid as uuidlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gateway.api import ApnsOptions, Outcome, PluginContext, Push, PushPolicy, Receipt
+from plugins.zulip import repo
+from plugins.zulip.auth import RateLimiter, parse_basic_auth, rate_limited
+from plugins.zulip.config import ZulipConfig
+from plugins.zulip.crypto import CryptoError, open_registration
+from plugins.zulip.errors import (
+    DEACTIVATED_MSG,
+    E2EE_ONLY,
+    REGISTRATION_CLOSED,
+    ZulipError,
+    missing_remote_realm,
+    push_disallowed,
+    realm_mismatch,
+    success,
+    unauthorized,
+)
+from plugins.zulip.payloads import (
+    LEGACY_APNS_EXPIRATION,
+    apns_test_body,
+    e2ee_apns_body,
+    e2ee_fcm_message,
+    fcm_test_message,
+    legacy_apns_body,
+    legacy_fcm_message,
+)
+from plugins.zulip.repo import DbRow
+from plugins.zulip.validation import (
+    APNS,
+    FCM,
+    ApnsPushRequest,
+    FcmPushRequest,
+    LegacyIdentity,
+    Params,
+    check_token_id,
+    is_int,
+    json_field,
+    legacy_identity,
+    optional_int,
+    parse_e2ee_notify,
+    parse_registration_plaintext,
+    required,
+    validate_email,
+    validate_gcm_options,
+    validate_hostname,
+    validate_legacy_token,
+    validate_org_id,
+    validate_server_key,
+    validate_token_kind,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/v1/remotes/"
+DEFAULT_DISABLED_REASON = "Push notifications are disabled by this push notification service"
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+AuthedHandler = Callable[[web.Request, DbRow], Awaitable[web.StreamResponse]]
+
+
+# --- request bodies ------------------------------------------------------------------
+
+
+async def read_form(request: web.Request, max_size: int | None = None) -> dict[str, str]:
+    """Query and form fields (form wins); a non-form body gives no fields."""
+    params: dict[str, str] = dict(request.query)
+    if request.method == "POST" and request.content_type in FORM_TYPES:
+        source = request.clone(client_max_size=max_size) if max_size else request
+        try:
+            data = await source.post()
+        except web.HTTPRequestEntityTooLarge:
+            raise ZulipError("Request body too large", status=413) from None
+        except (ValueError, UnicodeDecodeError, AssertionError):
+            raise ZulipError("Malformed form body") from None
+        for key, value in data.items():
+            if isinstance(value, str):
+                params[key] = value
+    return params
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ZulipError("Request body too large", status=413) from None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ZulipError("Malformed JSON") from None
+
+
+def _json_text(params: Params, name: str) -> str | None:
+    """`version` / `merge_base`: JSON strings in the form (older servers sent plain text)."""
+    raw = params.get(name)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ZulipError(f"{name} is not a string")
+    return value[:128]
+
+
+def _max_row_id(rows: Any, name: str) -> int:
+    if not isinstance(rows, list):
+        raise ZulipError(f"{name} is not a list")
+    best = 0
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not is_int(row.get("id")):
+            raise ZulipError(f"{name}[{i}] is not a valid row")
+        best = max(best, row["id"])
+    return best
+
+
+def _realm_infos(raw: Any) -> list[repo.RealmInfo]:
+    if not isinstance(raw, list):
+        raise ZulipError("realms is not a list")
+    infos: dict[str, repo.RealmInfo] = {}
+    for i, item in enumerate(raw):
+        where = f"realms[{i}]"
+        if not isinstance(item, dict):
+            raise ZulipError(f"{where} is not a dict")
+        value = item.get("uuid")
+        try:
+            parsed = uuidlib.UUID(value) if isinstance(value, str) else None
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            raise ZulipError(f"{where}.uuid is not a valid UUID")
+        host = item.get("host", "")
+        name = item.get("name", "")
+        org_type = item.get("org_type")
+        deactivated = item.get("deactivated", False)
+        system_bot = item.get("is_system_bot_realm", False)
+        if not isinstance(host, str) or len(host) > 255:
+            raise ZulipError(f"{where}.host is not valid")
+        if not isinstance(name, str):
+            raise ZulipError(f"{where}.name is not a string")
+        if org_type is not None and not is_int(org_type):
+            raise ZulipError(f"{where}.org_type is not an integer")
+        if not isinstance(deactivated, bool) or not isinstance(system_bot, bool):
+            raise ZulipError(f"{where}: deactivated / is_system_bot_realm are not booleans")
+        infos[str(parsed)] = repo.RealmInfo(
+            str(parsed), host, name, org_type, deactivated, system_bot
+        )
+    return list(infos.values())
+
+
+def _can_push(server: DbRow, realm: DbRow | None) -> bool:
+    return not server.push_disabled and (realm is None or not realm.push_disabled)
+
+
+def _disabled_reason(server: DbRow, realm: DbRow | None) -> str:
+    if server.push_disabled:
+        return str(server.disabled_reason or DEFAULT_DISABLED_REASON)
+    if realm is not None and realm.push_disabled:
+        return str(realm.disabled_reason or DEFAULT_DISABLED_REASON)
+    return DEFAULT_DISABLED_REASON
+
+
+def _realm_status(server: DbRow, realm: DbRow | None) -> dict[str, Any]:
+    return {"can_push": _can_push(server, realm), "expected_end_timestamp": None}
+
+
+# --- sends ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Sent:
+    """One E2EE send shared by duplicate requests within the duplicate window."""
+
+    task: asyncio.Task[Receipt | None]
+    expires: float
+
+
+class Bouncer:
+    """The routes and per-gateway state of the Zulip plugin."""
+
+    def __init__(self, context: PluginContext) -> None:
+        self.context = context
+        self.config: ZulipConfig = context.config
+        self.keys = self.config.bouncer_key_map()
+        self.limiter = RateLimiter(self.config.rate_limit_requests, self.config.rate_limit_window)
+        self._recent: OrderedDict[tuple[int, int, str], _Sent] = OrderedDict()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self.context.store.engine
+
+    # --- wiring --------------------------------------------------------------------
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        post, get = router.add_post, router.add_get
+        post(PREFIX + "server/register", self._open(self.server_register))
+        post(PREFIX + "server/deactivate", self._authed(self.server_deactivate))
+        post(PREFIX + "server/analytics", self._authed(self.server_analytics))
+        get(PREFIX + "server/analytics/status", self._authed(self.analytics_status))
+        post(PREFIX + "push/register", self._authed(self.legacy_register))
+        post(PREFIX + "push/unregister", self._authed(self.legacy_unregister))
+        post(PREFIX + "push/unregister/all", self._authed(self.legacy_unregister_all))
+        post(PREFIX + "push/notify", self._authed(self.legacy_notify))
+        post(PREFIX + "push/test_notification", self._authed(self.test_notification))
+        post(PREFIX + "push/e2ee/register", self._authed(self.e2ee_register))
+        post(PREFIX + "push/e2ee/notify", self._authed(self.e2ee_notify))
+        router.add_route("*", PREFIX + "{tail:.*}", self._open(self.not_found))
+
+    def _open(self, handler: Handler) -> Handler:
+        async def run(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except ZulipError as error:
+                return error.response()
+            except Exception as exc:
+                return self._internal_error(request, exc)
+
+        return run
+
+    def _authed(self, handler: AuthedHandler) -> Handler:
+        async def run(request: web.Request) -> web.StreamResponse:
+            try:
+                server = await self._authenticate(request)
+                return await handler(request, server)
+            except ZulipError as error:
+                return error.response()
+            except Exception as exc:
+                return self._internal_error(request, exc)
+
+        return run
+
+    @staticmethod
+    def _internal_error(request: web.Request, exc: Exception) -> web.Response:
+        # By type only: database errors quote statement parameters (tokens).
+        log.error("zulip: %s failed with %s", request.path, type(exc).__name__)
+        return ZulipError("Internal server error", "INTERNAL_SERVER_ERROR", 500).response()
+
+    async def _authenticate(self, request: web.Request) -> DbRow:
+        role, key = parse_basic_auth(request.headers.get("Authorization"))
+        async with self.engine.connect() as conn:
+            server = await repo.get_server(conn, role)
+        if server is None:
+            raise unauthorized(
+                f"Zulip server auth failure: {role} is not registered -- "
+                "did you run `manage.py register_server`?"
+            )
+        if not repo.server_key_matches(server, key):
+            raise unauthorized(f"Zulip server auth failure: key does not match role {role}")
+        if server.deactivated_at is not None:
+            raise unauthorized(DEACTIVATED_MSG)
+        retry_after = self.limiter.hit(server.uuid)
+        if retry_after is not None:
+            raise rate_limited(retry_after)
+        return server
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        raise ZulipError("Endpoint not found", status=404)
+
+    # --- realm lookup --------------------------------------------------------------
+
+    @staticmethod
+    async def _realm(
+        conn: AsyncConnection, server: DbRow, realm_uuid: str, *, tolerate_unknown: bool
+    ) -> DbRow | None:
+        realm = await repo.get_realm(conn, realm_uuid)
+        if realm is None:
+            if tolerate_unknown:
+                return None
+            raise missing_remote_realm()
+        if realm.server_id != server.id:
+            raise realm_mismatch()
+        return realm
+
+    # --- servers ---------------------------------------------------------------------
+
+    def _may_register(self, org_id: str, hostname: str) -> bool:
+        policy = self.config.registration
+        if policy == "open":
+            return True
+        if policy == "allowlist":
+            return org_id in self.config.allowlist or hostname in self.config.allowlist
+        return False
+
+    async def server_register(self, request: web.Request) -> web.Response:
+        params = await read_form(request)
+        org_id = required(params, "zulip_org_id")
+        org_key = required(params, "zulip_org_key")
+        hostname = required(params, "hostname")
+        contact_email = required(params, "contact_email")
+        new_key = params.get("new_org_key")
+        validate_hostname(hostname)
+        validate_email(contact_email)
+        validate_org_id(org_id)
+        validate_server_key("zulip_org_key", org_key)
+        if new_key is not None:
+            validate_server_key("new_org_key", new_key)
+        async with self.engine.begin() as conn:
+            server = await repo.get_server(conn, org_id)
+            if server is None:
+                if not self._may_register(org_id, hostname):
+                    raise ZulipError(REGISTRATION_CLOSED)
+                if await repo.hostname_in_use(conn, hostname, org_id):
+                    raise ZulipError(
+                        f"A server with hostname {hostname} already exists",
+                        "HOSTNAME_ALREADY_IN_USE_BOUNCER_ERROR",
+                        data={"hostname": hostname},
+                    )
+                if await repo.create_server(conn, org_id, org_key, hostname, contact_email):
+                    log.info("zulip: registered a new server")
+                    return success(created=True)
+                server = await repo.get_server(conn, org_id)
+                assert server is not None
+            if not repo.server_key_matches(server, org_key):
+                raise ZulipError(
+                    f"Zulip server auth failure: key does not match role {org_id}",
+                    "INVALID_ZULIP_SERVER",
+                )
+            if server.deactivated_at is not None:
+                raise ZulipError(DEACTIVATED_MSG, "REALM_DEACTIVATED", 401)
+            await repo.update_server(
+                conn, server.id, hostname=hostname, contact_email=contact_email, key=new_key
+            )
+        return success(created=False)
+
+    async def server_deactivate(self, request: web.Request, server: DbRow) -> web.Response:
+        async with self.engine.begin() as conn:
+            await repo.update_server(conn, server.id, deactivated_at=repo.now_utc())
+        log.info("zulip: a server deactivated its registration")
+        return success()
+
+    async def server_analytics(self, request: web.Request, server: DbRow) -> web.Response:
+        params = await read_form(request, self.config.analytics_max_bytes)
+        ids = {
+            "last_realm_count_id": _max_row_id(
+                json_field(params, "realm_counts", []), "realm_counts"
+            ),
+            "last_installation_count_id": _max_row_id(
+                json_field(params, "installation_counts", []), "installation_counts"
+            ),
+            "last_realmauditlog_id": _max_row_id(
+                json_field(params, "realmauditlog_rows", None) or [], "realmauditlog_rows"
+            ),
+        }
+        raw_realms = json_field(params, "realms", None)
+        infos = _realm_infos(raw_realms) if raw_realms is not None else []
+        meta = {
+            "version": _json_text(params, "version"),
+            "merge_base": _json_text(params, "merge_base"),
+            "api_feature_level": optional_int(params, "api_feature_level"),
+        }
+        async with self.engine.begin() as conn:
+            if await repo.realms_of_other_servers(conn, server.id, (i.uuid for i in infos)):
+                raise ZulipError("Duplicate registration detected.")
+            await repo.record_analytics_ids(conn, server, ids, meta)
+            rows = await repo.upsert_realms(conn, server.id, infos, complete=raw_realms is not None)
+        return success(realms={i.uuid: _realm_status(server, rows.get(i.uuid)) for i in infos})
+
+    async def analytics_status(self, request: web.Request, server: DbRow) -> web.Response:
+        return success(
+            last_realm_count_id=int(server.last_realm_count_id or 0),
+            last_installation_count_id=int(server.last_installation_count_id or 0),
+            last_realmauditlog_id=int(server.last_realmauditlog_id or 0),
+        )
+
+    # --- E2EE --------------------------------------------------------------------------
+
+    async def e2ee_register(self, request: web.Request, server: DbRow) -> web.Response:
+        params = await read_form(request)
+        realm_uuid = required(params, "realm_uuid")
+        token_id = required(params, "token_id")
+        encrypted = required(params, "encrypted_push_registration")
+        public_key = required(params, "bouncer_public_key")
+        async with self.engine.connect() as conn:
+            realm = await self._realm(conn, server, realm_uuid, tolerate_unknown=False)
+        assert realm is not None
+        key = self.keys.get(public_key)
+        if key is None:
+            raise ZulipError("Invalid bouncer_public_key", "INVALID_BOUNCER_PUBLIC_KEY")
+        try:
+            plaintext = open_registration(key, encrypted)
+        except CryptoError:
+            raise ZulipError("Invalid encrypted_push_registration") from None
+        registration = parse_registration_plaintext(plaintext)
+        token_id_int = check_token_id(token_id, registration.token)
+        if time.time() - registration.timestamp > self.config.registration_liveness:
+            raise ZulipError("Request expired", "REQUEST_EXPIRED")
+        apns = registration.token_kind == repo.APNS_KIND
+        async with self.engine.begin() as conn:
+            await repo.register_e2ee(
+                conn,
+                realm_id=realm.id,
+                token_id=token_id_int,
+                token=registration.token,
+                token_kind=registration.token_kind,
+                ios_app_id=registration.ios_app_id,
+                token_hash=self.context.token_hash(registration.token),
+            )
+            await repo.delete_legacy_token(
+                conn,
+                kind=APNS if apns else FCM,
+                token=registration.token,
+                apns=apns,
+                server_id=server.id,
+            )
+            await repo.touch_realm(conn, realm.id)
+        return success()
+
+    async def e2ee_notify(self, request: web.Request, server: DbRow) -> web.Response:
+        started = time.monotonic()
+        notify = parse_e2ee_notify(await read_json(request))
+        async with self.engine.connect() as conn:
+            realm = await self._realm(conn, server, notify.realm_uuid, tolerate_unknown=False)
+            assert realm is not None
+            if not _can_push(server, realm):
+                raise push_disallowed(_disabled_reason(server, realm))
+            devices = await repo.active_e2ee_devices(
+                conn, realm.id, (r.token_id_int for r in notify.push_requests)
+            )
+        delete_ids: dict[str, None] = {}
+        jobs: list[tuple[str, bool, asyncio.Task[Receipt | None]]] = []
+        for req in notify.push_requests:
+            device = devices.get(req.token_id_int)
+            if device is None:
+                delete_ids[req.token_id] = None
+                continue
+            push = self._e2ee_push(req, device)
+            if push is None:
+                continue
+            task = self._send_once(realm.id, req, device, push)
+            jobs.append((req.token_id, isinstance(req, ApnsPushRequest), task))
+        await self._wait([t for _, _, t in jobs], started)
+        apple = android = 0
+        for token_id, is_apns, task in jobs:
+            receipt = task.result() if task.done() and not task.cancelled() else None
+            if receipt is None:
+                continue
+            if receipt.outcome is Outcome.OK:
+                apple += is_apns
+                android += not is_apns
+            elif receipt.outcome is Outcome.TOKEN_INVALID:
+                delete_ids[token_id] = None
+        return success(
+            apple_successfully_sent_count=apple,
+            android_successfully_sent_count=android,
+            delete_token_ids=list(delete_ids),
+            realm_push_status=_realm_status(server, realm),
+        )
+
+    def _e2ee_push(self, req: ApnsPushRequest | FcmPushRequest, device: DbRow) -> Push | None:
+        policy = PushPolicy(deadline=self.config.push_deadline)
+        ref = f"e2ee:{device.id}"
+        if isinstance(req, ApnsPushRequest):
+            if device.token_kind != repo.APNS_KIND or not device.ios_app_id:
+                return None  # kind mismatch: skipped and not counted (Zulip answers 500)
+            app_id = self.config.apns_app_id(device.ios_app_id)
+            if app_id is None:
+                log.warning("zulip: no APNs app configured for ios_app_id %s", device.ios_app_id)
+                return None
+            return Push(
+                plugin=self.context.name,
+                app_id=app_id,
+                token=device.token,
+                payload=e2ee_apns_body(req.payload),
+                apns=ApnsOptions(
+                    push_type=req.push_type, priority=req.priority, topic=device.ios_app_id
+                ),
+                policy=policy,
+                ref=ref,
+            )
+        if device.token_kind != repo.FCM_KIND:
+            return None
+        fcm_app = self.config.fcm_app_id()
+        if fcm_app is None:
+            log.warning("zulip: no FCM app configured")
+            return None
+        return Push(
+            plugin=self.context.name,
+            app_id=fcm_app,
+            token=device.token,
+            payload=e2ee_fcm_message(req.push_key_id, req.encrypted_data, req.priority),
+            policy=policy,
+            ref=ref,
+        )
+
+    def _send_once(
+        self,
+        realm_id: int,
+        req: ApnsPushRequest | FcmPushRequest,
+        device: DbRow,
+        push: Push,
+    ) -> asyncio.Task[Receipt | None]:
+        """Start the send, or join an identical one from the duplicate window."""
+        encrypted = (
+            req.payload.get("encrypted_data", "")
+            if isinstance(req, ApnsPushRequest)
+            else req.encrypted_data
+        )
+        digest = hashlib.sha256(str(encrypted).encode("utf-8")).hexdigest()
+        key = (realm_id, req.token_id_int, digest)
+        now = time.monotonic()
+        while self._recent:
+            first = next(iter(self._recent.values()))
+            if first.expires > now:
+                break
+            self._recent.popitem(last=False)
+        previous = self._recent.get(key)
+        if previous is not None and previous.expires > now:
+            task = previous.task
+            failed = task.done() and (
+                task.cancelled() or task.result() is None or not task.result().ok  # type: ignore[union-attr]
+            )
+            if not failed:
+                return task
+        task = self._spawn(self._send(push, device, apns=isinstance(req, ApnsPushRequest)))
+        if self.config.duplicate_window > 0:
+            self._recent[key] = _Sent(task, now + self.config.duplicate_window)
+            self._recent.move_to_end(key)
+        return task
+
+    # --- shared send machinery -------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[Receipt | None]) -> asyncio.Task[Receipt | None]:
+        task: asyncio.Task[Receipt | None] = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _send(self, push: Push, device: DbRow | None, *, apns: bool) -> Receipt | None:
+        """Deliver one push (a dead token is expired by the core's token-invalid hook)."""
+        try:
+            return await self.context.send(push)
+        except Exception as exc:
+            log.error("zulip: a send failed with %s", type(exc).__name__)
+            return None
+
+    async def _wait(self, tasks: Sequence[asyncio.Task[Any]], started: float) -> None:
+        """Wait for the sends, at most until the notify deadline; late ones keep running."""
+        pending = {t for t in tasks if not t.done()}
+        if not pending:
+            return
+        remaining = self.config.notify_deadline - (time.monotonic() - started)
+        if remaining > 0:
+            await asyncio.wait(pending, timeout=remaining)
+
+    async def close(self) -> None:
+        """Wait briefly for sends still running after their notify answered."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=5)
+        for task in list(self._background):
+            task.cancel()
+
+    # --- legacy ------------------------------------------------------------------------
+
+    def _require_legacy(self) -> None:
+        if not self.config.legacy_api:
+            raise ZulipError(E2EE_ONLY)
+
+    @staticmethod
+    def _legacy_token_params(params: Params) -> tuple[str, int]:
+        token = required(params, "token")
+        kind = validate_token_kind(json_field(params, "token_kind"))
+        validate_legacy_token(token, kind)
+        return token, kind
+
+    @staticmethod
+    def _form_identity(params: Params) -> LegacyIdentity:
+        user_uuid = params.get("user_uuid")
+        if user_uuid is not None and len(user_uuid) > 64:
+            raise ZulipError("Invalid user_uuid")
+        return legacy_identity(optional_int(params, "user_id"), user_uuid)
+
+    async def legacy_register(self, request: web.Request, server: DbRow) -> web.Response:
+        self._require_legacy()
+        params = await read_form(request)
+        token, kind = self._legacy_token_params(params)
+        ios_app_id = params.get("ios_app_id") or None
+        if kind == APNS:
+            if ios_app_id is None:
+                raise ZulipError("Missing ios_app_id")
+            if len(ios_app_id) > 255 or not _valid_app_id(ios_app_id):
+                raise ZulipError("Invalid ios_app_id")
+        identity = self._form_identity(params)
+        realm_uuid = params.get("realm_uuid")
+        async with self.engine.begin() as conn:
+            realm = None
+            if realm_uuid is not None and identity.user_uuid is not None:
+                realm = await self._realm(conn, server, realm_uuid, tolerate_unknown=True)
+            await repo.legacy_register(
+                conn,
+                server_id=server.id,
+                user_id=identity.user_id,
+                user_uuid=identity.user_uuid,
+                realm_id=realm.id if realm is not None else None,
+                kind=kind,
+                token=token,
+                token_hash=self.context.token_hash(token),
+                ios_app_id=ios_app_id if kind == APNS else None,
+                apns=kind == APNS,
+            )
+        return success()
+
+    async def legacy_unregister(self, request: web.Request, server: DbRow) -> web.Response:
+        params = await read_form(request)
+        token, kind = self._legacy_token_params(params)
+        identity = self._form_identity(params)
+        async with self.engine.begin() as conn:
+            deleted = await repo.legacy_unregister(
+                conn,
+                server_id=server.id,
+                user_id=identity.user_id,
+                user_uuid=identity.user_uuid,
+                kind=kind,
+                token=token,
+                apns=kind == APNS,
+            )
+            if not deleted:
+                raise ZulipError("Token does not exist")
+        return success()
+
+    async def legacy_unregister_all(self, request: web.Request, server: DbRow) -> web.Response:
+        params = await read_form(request)
+        identity = self._form_identity(params)
+        async with self.engine.begin() as conn:
+            await repo.legacy_unregister_all(
+                conn, server_id=server.id, user_id=identity.user_id, user_uuid=identity.user_uuid
+            )
+        return success()
+
+    async def legacy_notify(self, request: web.Request, server: DbRow) -> web.Response:
+        started = time.monotonic()
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise ZulipError("Malformed JSON")
+        user_id = body.get("user_id")
+        user_uuid = body.get("user_uuid")
+        if user_id is not None and not is_int(user_id):
+            raise ZulipError("user_id is not an integer")
+        if user_uuid is not None and not isinstance(user_uuid, str):
+            raise ZulipError("user_uuid is not a string")
+        realm_uuid = body.get("realm_uuid")
+        if realm_uuid is not None and not isinstance(realm_uuid, str):
+            raise ZulipError("realm_uuid is not a string")
+        apns_payload = _dict_field(body, "apns_payload")
+        gcm_payload = _dict_field(body, "gcm_payload")
+        gcm_options = _dict_field(body, "gcm_options")
+        android_listed = _token_list(body, "android_devices")
+        apple_listed = _token_list(body, "apple_devices")
+        has_identity = user_id is not None or user_uuid is not None
+
+        async with self.engine.begin() as conn:
+            realm = None
+            if realm_uuid is not None and user_uuid is not None:
+                realm = await self._realm(conn, server, realm_uuid, tolerate_unknown=True)
+            if not self.config.legacy_api:
+                if has_identity:
+                    await repo.legacy_unregister_all(
+                        conn, server_id=server.id, user_id=user_id, user_uuid=user_uuid
+                    )
+                return _notify_response(
+                    0, 0, sorted(android_listed), sorted(apple_listed), server, realm
+                )
+            if not _can_push(server, realm):
+                if server.api_feature_level is None:
+                    raise ZulipError(
+                        "Your plan doesn't allow sending push notifications.",
+                        "INVALID_ZULIP_SERVER",
+                    )
+                raise push_disallowed(_disabled_reason(server, realm))
+            targets: list[DbRow] = []
+            if has_identity:
+                rows = await repo.legacy_user_devices(
+                    conn, server_id=server.id, user_id=user_id, user_uuid=user_uuid
+                )
+                targets, redundant = _dedupe_legacy(rows)
+                await repo.delete_legacy_ids(conn, redundant)
+        android = [r for r in targets if r.kind == FCM]
+        apple = [r for r in targets if r.kind == APNS]
+        priority = validate_gcm_options(gcm_options, gcm_payload.get("event")) if android else ""
+        tasks: list[asyncio.Task[Receipt | None]] = []
+        expiration = int(time.time()) + LEGACY_APNS_EXPIRATION
+        for row in apple:
+            push = self._legacy_apns_push(row, legacy_apns_body(apns_payload), expiration)
+            if push is not None:
+                tasks.append(self._spawn(self._send(push, None, apns=True)))
+        for row in android:
+            push = self._legacy_fcm_push(row, legacy_fcm_message(gcm_payload, priority))
+            if push is not None:
+                tasks.append(self._spawn(self._send(push, None, apns=False)))
+        await self._wait(tasks, started)
+        remaining: Sequence[DbRow] = ()
+        if has_identity:
+            async with self.engine.connect() as conn:
+                remaining = await repo.legacy_user_devices(
+                    conn, server_id=server.id, user_id=user_id, user_uuid=user_uuid
+                )
+        return _notify_response(
+            len(android),
+            len(apple),
+            _no_longer_registered(android_listed, remaining, FCM),
+            _no_longer_registered(apple_listed, remaining, APNS),
+            server,
+            realm,
+        )
+
+    def _legacy_apns_push(
+        self, row: DbRow, body: dict[str, Any], expiration: int | None
+    ) -> Push | None:
+        app_id = self.config.apns_app_id(row.ios_app_id) if row.ios_app_id else None
+        if app_id is None:
+            log.warning("zulip: no APNs app configured for ios_app_id %s", row.ios_app_id)
+            return None
+        return Push(
+            plugin=self.context.name,
+            app_id=app_id,
+            token=row.token,
+            payload=body,
+            apns=ApnsOptions(push_type=None, expiration=expiration, topic=row.ios_app_id),
+            policy=PushPolicy(deadline=self.config.push_deadline),
+            ref="legacy",
+        )
+
+    def _legacy_fcm_push(self, row: DbRow, message: dict[str, Any]) -> Push | None:
+        app_id = self.config.fcm_app_id()
+        if app_id is None:
+            log.warning("zulip: no FCM app configured")
+            return None
+        return Push(
+            plugin=self.context.name,
+            app_id=app_id,
+            token=row.token,
+            payload=message,
+            policy=PushPolicy(deadline=self.config.push_deadline),
+            ref="legacy",
+        )
+
+    async def test_notification(self, request: web.Request, server: DbRow) -> web.Response:
+        started = time.monotonic()
+        self._require_legacy()
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise ZulipError("Malformed JSON")
+        unknown = sorted(set(body) - _TEST_KEYS)
+        if unknown:
+            raise ZulipError(f"Invalid parameters: {', '.join(unknown)}")
+        for name in ("token", "token_kind", "base_payload"):
+            if name not in body:
+                raise ZulipError(
+                    f"Missing '{name}' argument",
+                    "REQUEST_VARIABLE_MISSING",
+                    data={"var_name": name},
+                )
+        token = body["token"]
+        if not isinstance(token, str):
+            raise ZulipError("token is not a string")
+        kind = validate_token_kind(body["token_kind"])
+        validate_legacy_token(token, kind)
+        identity = legacy_identity(body.get("user_id"), body.get("user_uuid"))
+        base_payload = body["base_payload"]
+        if not isinstance(base_payload, dict):
+            raise ZulipError("base_payload is not a dict")
+        realm_uuid = body.get("realm_uuid")
+        async with self.engine.connect() as conn:
+            if isinstance(realm_uuid, str) and identity.user_uuid is not None:
+                await self._realm(conn, server, realm_uuid, tolerate_unknown=True)
+            rows = await repo.legacy_user_devices(
+                conn,
+                server_id=server.id,
+                user_id=identity.user_id,
+                user_uuid=identity.user_uuid,
+            )
+        wanted = repo.token_key(token, kind == APNS)
+        device = next((r for r in rows if r.kind == kind and r.token_key == wanted), None)
+        if device is None:
+            raise ZulipError(
+                "Device not recognized by the push bouncer", "INVALID_REMOTE_PUSH_DEVICE_TOKEN"
+            )
+        if kind == APNS:
+            push = self._legacy_apns_push(
+                device, apns_test_body(base_payload), int(time.time()) + LEGACY_APNS_EXPIRATION
+            )
+        else:
+            push = self._legacy_fcm_push(device, fcm_test_message(base_payload, int(time.time())))
+        if push is not None:
+            await self._wait([self._spawn(self._send(push, None, apns=kind == APNS))], started)
+        return success()
+
+
+_TEST_KEYS = frozenset(
+    {"token", "token_kind", "user_id", "user_uuid", "realm_uuid", "base_payload"}
+)
+
+
+def _valid_app_id(value: str) -> bool:
+    return all(c.isascii() and (c.isalnum() or c in ".-") for c in value)
+
+
+def _dict_field(body: dict[str, Any], name: str) -> dict[str, Any]:
+    value = body.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ZulipError(f"{name} is not a dict")
+    return value
+
+
+def _token_list(body: dict[str, Any], name: str) -> list[str]:
+    value = body.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ZulipError(f"{name} is not a list of strings")
+    return value
+
+
+def _dedupe_legacy(rows: Sequence[DbRow]) -> tuple[list[DbRow], list[int]]:
+    """One target per (kind, token key), preferring the `user_uuid` registration."""
+    groups: dict[tuple[int, str], list[DbRow]] = {}
+    for row in rows:
+        groups.setdefault((row.kind, row.token_key), []).append(row)
+    targets: list[DbRow] = []
+    redundant: list[int] = []
+    for group in groups.values():
+        by_uuid = [r for r in group if r.user_uuid is not None]
+        if by_uuid:
+            redundant.extend(r.id for r in group if r.user_uuid is None)
+            targets.append(by_uuid[0])
+        else:
+            targets.append(group[0])
+    return targets, redundant
+
+
+def _no_longer_registered(
+    listed: Iterable[str], remaining: Sequence[DbRow], kind: int
+) -> list[str]:
+    keys = {r.token_key for r in remaining if r.kind == kind}
+    return sorted({t for t in listed if repo.token_key(t, kind == APNS) not in keys})
+
+
+def _notify_response(
+    total_android: int,
+    total_apple: int,
+    deleted_android: list[str],
+    deleted_apple: list[str],
+    server: DbRow,
+    realm: DbRow | None,
+) -> web.Response:
+    return success(
+        total_android_devices=total_android,
+        total_apple_devices=total_apple,
+        deleted_devices={"android_devices": deleted_android, "apple_devices": deleted_apple},
+        realm=_realm_status(server, realm) if realm is not None else None,
+    )
+
+
+async def forget_token(engine: AsyncEngine, token: str, *, apns: bool) -> None:
+    """A provider said `token` is dead: expire E2EE rows, delete legacy rows (every server)."""
+    async with engine.begin() as conn:
+        await repo.expire_e2ee_by_token(conn, token, apns)
+        await repo.delete_legacy_token(conn, kind=APNS if apns else FCM, token=token, apns=apns)

@@ -1,0 +1,297 @@
+"""`pushgw zulip ...` commands.
+
+    pushgw zulip add-server [--uuid U] [--key K] --hostname H --email E
+    pushgw zulip servers
+    pushgw zulip disable (--server UUID | --realm UUID) [--reason TEXT]
+    pushgw zulip enable  (--server UUID | --realm UUID)
+    pushgw zulip keys generate|add [--file PATH]     (prints only the public half)
+    pushgw zulip keys list [--file PATH]
+    pushgw zulip keys remove PUBLIC [--file PATH]
+    pushgw zulip gc [--older-than 30d] [--dry-run]
+
+Bouncer keys live in the JSON file named by `plugins.zulip.bouncer_keys_file` (the same
+`{public: private}` shape as Zulip's `push_registration_encryption_keys`); a running
+gateway picks up changes on restart. Output never contains a private key, a server
+key hash or a device token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import string
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.api import CommandContext
+from plugins.zulip import repo
+from plugins.zulip.config import ZulipConfig
+from plugins.zulip.crypto import CryptoError, generate_bouncer_key, load_bouncer_keys
+from plugins.zulip.errors import ZulipError
+from plugins.zulip.gc import collect, parse_duration
+from plugins.zulip.validation import validate_email, validate_hostname, validate_org_id
+
+__all__ = ["add_commands"]
+
+PLUGIN = "zulip"
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    zulip = subparsers.add_parser(PLUGIN, help="Zulip push bouncer administration")
+    sub = zulip.add_subparsers(dest="zulip_command", required=True)
+
+    add = sub.add_parser("add-server", help="register a Zulip server (for registration: closed)")
+    add.add_argument("--uuid", help="the server's zulip_org_id (default: a new UUID)")
+    add.add_argument("--key", help="the server's zulip_org_key (default: 64 random characters)")
+    add.add_argument("--hostname", required=True)
+    add.add_argument("--email", required=True, help="contact e-mail of the server's admin")
+    add.set_defaults(handler=cmd_add_server)
+
+    servers = sub.add_parser("servers", help="list registered servers and their realms")
+    servers.set_defaults(handler=cmd_servers)
+
+    for name, enable in (("disable", False), ("enable", True)):
+        p = sub.add_parser(name, help=f"{name} pushes for a server or realm (can_push)")
+        target = p.add_mutually_exclusive_group(required=True)
+        target.add_argument("--server", help="server UUID")
+        target.add_argument("--realm", help="realm UUID")
+        if not enable:
+            p.add_argument("--reason", default=None, help="told to the Zulip server")
+        p.set_defaults(handler=cmd_enable if enable else cmd_disable)
+
+    keys = sub.add_parser("keys", help="bouncer key pairs (E2EE registrations)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    for name in ("generate", "add"):
+        gen = keys_sub.add_parser(name, help="add a new key pair; prints its public half")
+        gen.add_argument("--file", help="key file (default: plugins.zulip.bouncer_keys_file)")
+        gen.set_defaults(handler=cmd_keys_generate)
+    lst = keys_sub.add_parser("list", help="print the public keys")
+    lst.add_argument("--file", help="key file (default: the configured keys)")
+    lst.set_defaults(handler=cmd_keys_list)
+    rm = keys_sub.add_parser("remove", help="remove a key pair")
+    rm.add_argument("public_key")
+    rm.add_argument("--file", help="key file (default: plugins.zulip.bouncer_keys_file)")
+    rm.set_defaults(handler=cmd_keys_remove)
+
+    gc = sub.add_parser("gc", help="delete registrations dead for longer than the retention")
+    gc.add_argument("--older-than", default=None, help="retention, e.g. 30d (default: config)")
+    gc.add_argument("--dry-run", action="store_true", help="count only")
+    gc.set_defaults(handler=cmd_gc)
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _fail(message: str) -> int:
+    print(f"pushgw zulip: {message}", file=sys.stderr)
+    return 1
+
+
+@contextlib.asynccontextmanager
+async def open_store(command_context: CommandContext) -> AsyncIterator[tuple[AsyncEngine, Any]]:
+    """The gateway's store for a command, migrated like at start-up."""
+    async with command_context.open_store() as store:
+        yield store.engine, command_context.load()
+
+
+def _config(loaded: Any) -> ZulipConfig:
+    context = loaded.contexts.get(PLUGIN)
+    if context is None or not isinstance(context.config, ZulipConfig):
+        raise SystemExit(_fail("the zulip plugin is not enabled in this configuration"))
+    return context.config
+
+
+def _keys_file(args: argparse.Namespace, command_context: CommandContext) -> Path | None:
+    if args.file:
+        return Path(args.file)
+    loaded = command_context.load()
+    raw = loaded.settings.plugins.section(PLUGIN).get("bouncer_keys_file")
+    return Path(str(raw)).expanduser() if raw else None
+
+
+def _read_keys(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    text = path.read_text().strip()
+    data = json.loads(text) if text else {}
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise ValueError("the key file must hold a JSON object {public: private}")
+    return data
+
+
+def _write_keys(path: Path, keys: dict[str, str]) -> None:
+    """Atomically, readable by the owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".zulip-keys-", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(keys, out, indent=2)
+            out.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --- handlers ---------------------------------------------------------------------------
+
+
+async def cmd_add_server(args: argparse.Namespace, command_context: CommandContext) -> int:
+    org_id = args.uuid or str(uuid.uuid4())
+    key = args.key or "".join(
+        secrets.choice(string.ascii_letters + string.digits) for _ in range(64)
+    )
+    try:
+        validate_org_id(org_id)
+        validate_hostname(args.hostname)
+        validate_email(args.email)
+    except ZulipError as exc:
+        return _fail(exc.msg)
+    if len(key) != 64:
+        return _fail("--key must be 64 characters")
+    async with open_store(command_context) as (engine, _loaded), engine.begin() as conn:
+        if await repo.get_server(conn, org_id) is not None:
+            return _fail(f"server {org_id} is already registered")
+        if await repo.hostname_in_use(conn, args.hostname, org_id):
+            return _fail(f"a server with hostname {args.hostname} already exists")
+        await repo.create_server(conn, org_id, key, args.hostname, args.email)
+    print(f"registered server {org_id} ({args.hostname})")
+    if not args.key:
+        print("Put these into the Zulip server's /etc/zulip/zulip-secrets.conf:")
+        print(f"zulip_org_id = {org_id}")
+        print(f"zulip_org_key = {key}")
+    return 0
+
+
+async def cmd_servers(args: argparse.Namespace, command_context: CommandContext) -> int:
+    from sqlalchemy import select
+
+    from plugins.zulip.tables import realms
+
+    async with open_store(command_context) as (engine, _loaded), engine.connect() as conn:
+        for server in await repo.list_servers(conn):
+            state = "deactivated" if server.deactivated_at else "active"
+            if server.push_disabled:
+                state += ", push disabled"
+            print(f"{server.uuid}  {server.hostname}  {state}  version={server.version or '-'}")
+            rows = await conn.execute(select(realms).where(realms.c.server_id == server.id))
+            for realm in rows:
+                flags = [
+                    f
+                    for f, on in (
+                        ("deactivated", realm.deactivated),
+                        ("deleted", realm.locally_deleted_at is not None),
+                        ("push disabled", realm.push_disabled),
+                    )
+                    if on
+                ]
+                suffix = f"  ({', '.join(flags)})" if flags else ""
+                print(f"    realm {realm.uuid}  {realm.host}{suffix}")
+    return 0
+
+
+async def _set_disabled(
+    args: argparse.Namespace, command_context: CommandContext, disabled: bool
+) -> int:
+    reason = getattr(args, "reason", None)
+    async with open_store(command_context) as (engine, _loaded), engine.begin() as conn:
+        if args.server:
+            found = await repo.set_server_disabled(conn, args.server, disabled, reason)
+        else:
+            found = await repo.set_realm_disabled(conn, args.realm, disabled, reason)
+    if not found:
+        return _fail("no such server or realm")
+    print(("disabled" if disabled else "enabled") + f" {args.server or args.realm}")
+    return 0
+
+
+async def cmd_disable(args: argparse.Namespace, command_context: CommandContext) -> int:
+    return await _set_disabled(args, command_context, True)
+
+
+async def cmd_enable(args: argparse.Namespace, command_context: CommandContext) -> int:
+    return await _set_disabled(args, command_context, False)
+
+
+def cmd_keys_generate(args: argparse.Namespace, command_context: CommandContext) -> int:
+    path = _keys_file(args, command_context)
+    if path is None:
+        return _fail("set plugins.zulip.bouncer_keys_file or pass --file")
+    try:
+        keys = _read_keys(path)
+    except ValueError as exc:
+        return _fail(f"{path}: {exc}")
+    public, private = generate_bouncer_key()
+    keys[public] = private
+    _write_keys(path, keys)
+    print(public)
+    print(
+        f"added to {path}; restart pushgw, then build the app with this public key",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace, command_context: CommandContext) -> int:
+    if args.file:
+        try:
+            publics = list(load_bouncer_keys(_read_keys(Path(args.file))))
+        except (ValueError, CryptoError) as exc:
+            return _fail(f"{args.file}: {exc}")
+    else:
+        publics = list(_config(command_context.load()).bouncer_keys)
+    for public in publics:
+        print(public)
+    return 0
+
+
+def cmd_keys_remove(args: argparse.Namespace, command_context: CommandContext) -> int:
+    path = _keys_file(args, command_context)
+    if path is None:
+        return _fail("set plugins.zulip.bouncer_keys_file or pass --file")
+    try:
+        keys = _read_keys(path)
+    except ValueError as exc:
+        return _fail(f"{path}: {exc}")
+    if args.public_key not in keys:
+        return _fail("no such public key")
+    del keys[args.public_key]
+    _write_keys(path, keys)
+    print(f"removed {args.public_key}; restart pushgw to stop accepting it", file=sys.stderr)
+    return 0
+
+
+async def cmd_gc(args: argparse.Namespace, command_context: CommandContext) -> int:
+    async with open_store(command_context) as (engine, loaded):
+        config = _config(loaded)
+        try:
+            older_than = (
+                parse_duration(args.older_than) if args.older_than else config.gc_older_than
+            )
+        except ValueError as exc:
+            return _fail(str(exc))
+        counts = await collect(engine, older_than, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {counts.e2ee_expired} expired E2EE registrations")
+    print(
+        f"{verb} {counts.e2ee_of_gone_realms} E2EE and {counts.legacy_of_gone_realms} legacy "
+        "registrations of deleted or deactivated realms"
+    )
+    print(
+        f"{verb} {counts.e2ee_of_deactivated_servers} E2EE and "
+        f"{counts.legacy_of_deactivated_servers} legacy registrations of deactivated servers"
+    )
+    return 0

@@ -1,0 +1,529 @@
+"""Repository: every database statement of the zulip plugin (SQLite and PostgreSQL).
+
+Functions take an `AsyncConnection` so that a route can run several of them in one
+transaction (`async with engine.begin() as conn`). Only SQLAlchemy Core constructs
+that both dialects understand are used; uniqueness races are settled by the unique
+constraints (an `IntegrityError` means another request won, which is fine for every
+idempotent operation here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeAlias
+
+from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from plugins.zulip.tables import e2ee_devices, legacy_devices, realms, servers
+
+DbRow: TypeAlias = Row[*tuple[Any, ...]]
+"""A result row of any width."""
+
+__all__ = [
+    "DbRow",
+    "GcCounts",
+    "RealmInfo",
+    "hash_server_key",
+    "now_utc",
+    "token_key",
+]
+
+APNS_KIND = "apns"
+FCM_KIND = "fcm"
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def hash_server_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def server_key_matches(row: DbRow, key: str) -> bool:
+    return hmac.compare_digest(str(row.key_hash), hash_server_key(key))
+
+
+def token_key(token: str, apns: bool) -> str:
+    """Comparison key of a token: APNs hex tokens are case-insensitive."""
+    return hashlib.sha256((token.lower() if apns else token).encode("utf-8")).hexdigest()
+
+
+# --- servers ---------------------------------------------------------------------------
+
+
+async def get_server(conn: AsyncConnection, uuid: str) -> DbRow | None:
+    result = await conn.execute(select(servers).where(servers.c.uuid == uuid))
+    return result.first()
+
+
+async def hostname_in_use(conn: AsyncConnection, hostname: str, other_than: str) -> bool:
+    result = await conn.execute(
+        select(servers.c.id).where(
+            servers.c.hostname == hostname,
+            servers.c.uuid != other_than,
+            servers.c.deactivated_at.is_(None),
+        )
+    )
+    return result.first() is not None
+
+
+async def create_server(
+    conn: AsyncConnection, uuid: str, key: str, hostname: str, contact_email: str
+) -> bool:
+    """Insert a server; False when a concurrent request created it first."""
+    try:
+        async with conn.begin_nested():
+            await conn.execute(
+                servers.insert().values(
+                    uuid=uuid,
+                    key_hash=hash_server_key(key),
+                    hostname=hostname,
+                    contact_email=contact_email,
+                    created_at=now_utc(),
+                    push_disabled=False,
+                    last_realm_count_id=0,
+                    last_installation_count_id=0,
+                    last_realmauditlog_id=0,
+                )
+            )
+        return True
+    except IntegrityError:
+        return False
+
+
+async def update_server(conn: AsyncConnection, server_id: int, **values: Any) -> None:
+    if "key" in values:
+        key = values.pop("key")
+        if key is not None:
+            values["key_hash"] = hash_server_key(key)
+    if values:
+        await conn.execute(update(servers).where(servers.c.id == server_id).values(**values))
+
+
+async def set_server_disabled(
+    conn: AsyncConnection, uuid: str, disabled: bool, reason: str | None
+) -> bool:
+    result = await conn.execute(
+        update(servers)
+        .where(servers.c.uuid == uuid)
+        .values(push_disabled=disabled, disabled_reason=reason if disabled else None)
+    )
+    return bool(result.rowcount)
+
+
+async def list_servers(conn: AsyncConnection) -> Sequence[DbRow]:
+    result = await conn.execute(select(servers).order_by(servers.c.id))
+    return result.all()
+
+
+async def record_analytics_ids(
+    conn: AsyncConnection, server: DbRow, ids: Mapping[str, int], meta: Mapping[str, Any]
+) -> None:
+    """Keep only the highest row ids seen per analytics table, plus version metadata."""
+    values: dict[str, Any] = {}
+    for column, seen in ids.items():
+        if seen > int(getattr(server, column) or 0):
+            values[column] = seen
+    values.update({k: v for k, v in meta.items() if v is not None})
+    await update_server(conn, server.id, **values)
+
+
+# --- realms ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RealmInfo:
+    """What `server/analytics` may store about a realm (no secrets, no stats)."""
+
+    uuid: str
+    host: str
+    name: str
+    org_type: int | None
+    deactivated: bool
+    is_system_bot_realm: bool
+
+
+async def get_realm(conn: AsyncConnection, uuid: str) -> DbRow | None:
+    result = await conn.execute(select(realms).where(realms.c.uuid == uuid))
+    return result.first()
+
+
+async def realms_of_other_servers(
+    conn: AsyncConnection, server_id: int, uuids: Iterable[str]
+) -> list[str]:
+    wanted = list(uuids)
+    if not wanted:
+        return []
+    result = await conn.execute(
+        select(realms.c.uuid).where(realms.c.uuid.in_(wanted), realms.c.server_id != server_id)
+    )
+    return [r.uuid for r in result]
+
+
+async def upsert_realms(
+    conn: AsyncConnection, server_id: int, infos: Sequence[RealmInfo], *, complete: bool
+) -> dict[str, DbRow]:
+    """Create or update the server's realms; with `complete`, mark missing ones deleted."""
+    now = now_utc()
+    existing = {
+        r.uuid: r
+        for r in (await conn.execute(select(realms).where(realms.c.server_id == server_id))).all()
+    }
+    for info in infos:
+        values: dict[str, Any] = {
+            "host": info.host,
+            "name": info.name,
+            "org_type": info.org_type,
+            "deactivated": info.deactivated,
+            "is_system_bot_realm": info.is_system_bot_realm,
+            "locally_deleted_at": None,
+        }
+        row = existing.get(info.uuid)
+        if row is None:
+            try:
+                async with conn.begin_nested():
+                    await conn.execute(
+                        realms.insert().values(
+                            server_id=server_id,
+                            uuid=info.uuid,
+                            created_at=now,
+                            push_disabled=False,
+                            deactivated_at=now if info.deactivated else None,
+                            **values,
+                        )
+                    )
+            except IntegrityError:
+                # Created concurrently: by this server (fine) or another (checked before).
+                await conn.execute(
+                    update(realms)
+                    .where(realms.c.uuid == info.uuid, realms.c.server_id == server_id)
+                    .values(**values)
+                )
+        else:
+            if info.deactivated and row.deactivated_at is None:
+                values["deactivated_at"] = now
+            elif not info.deactivated:
+                values["deactivated_at"] = None
+            await conn.execute(update(realms).where(realms.c.id == row.id).values(**values))
+    if complete:
+        listed = {i.uuid for i in infos}
+        missing = [
+            r.id for u, r in existing.items() if u not in listed and r.locally_deleted_at is None
+        ]
+        if missing:
+            await conn.execute(
+                update(realms).where(realms.c.id.in_(missing)).values(locally_deleted_at=now)
+            )
+    result = await conn.execute(select(realms).where(realms.c.server_id == server_id))
+    return {r.uuid: r for r in result.all()}
+
+
+async def touch_realm(conn: AsyncConnection, realm_id: int) -> None:
+    await conn.execute(
+        update(realms).where(realms.c.id == realm_id).values(last_request_at=now_utc())
+    )
+
+
+async def set_realm_disabled(
+    conn: AsyncConnection, uuid: str, disabled: bool, reason: str | None
+) -> bool:
+    result = await conn.execute(
+        update(realms)
+        .where(realms.c.uuid == uuid)
+        .values(push_disabled=disabled, disabled_reason=reason if disabled else None)
+    )
+    return bool(result.rowcount)
+
+
+# --- E2EE devices ----------------------------------------------------------------------
+
+
+async def register_e2ee(
+    conn: AsyncConnection,
+    *,
+    realm_id: int,
+    token_id: int,
+    token: str,
+    token_kind: str,
+    ios_app_id: str | None,
+    token_hash: str,
+) -> bool:
+    """Idempotent on (realm, token_id); reactivates an expired row. True when inserted."""
+    key = token_key(token, token_kind == APNS_KIND)
+    refresh = {"expired_at": None, "token_kind": token_kind, "ios_app_id": ios_app_id}
+    where = and_(e2ee_devices.c.realm_id == realm_id, e2ee_devices.c.token_id == token_id)
+    found = (await conn.execute(select(e2ee_devices.c.id).where(where))).first()
+    if found is None:
+        try:
+            async with conn.begin_nested():
+                await conn.execute(
+                    e2ee_devices.insert().values(
+                        realm_id=realm_id,
+                        token_id=token_id,
+                        token=token,
+                        token_hash=token_hash,
+                        token_key=key,
+                        created_at=now_utc(),
+                        **refresh,
+                    )
+                )
+            return True
+        except IntegrityError:
+            pass  # registered concurrently: refresh below
+    await conn.execute(update(e2ee_devices).where(where).values(**refresh))
+    return False
+
+
+async def active_e2ee_devices(
+    conn: AsyncConnection, realm_id: int, token_ids: Iterable[int]
+) -> dict[int, DbRow]:
+    wanted = sorted(set(token_ids))
+    out: dict[int, DbRow] = {}
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        result = await conn.execute(
+            select(e2ee_devices).where(
+                e2ee_devices.c.realm_id == realm_id,
+                e2ee_devices.c.token_id.in_(chunk),
+                e2ee_devices.c.expired_at.is_(None),
+            )
+        )
+        out.update({r.token_id: r for r in result.all()})
+    return out
+
+
+async def expire_e2ee_by_id(conn: AsyncConnection, device_id: int) -> None:
+    await conn.execute(
+        update(e2ee_devices)
+        .where(e2ee_devices.c.id == device_id, e2ee_devices.c.expired_at.is_(None))
+        .values(expired_at=now_utc())
+    )
+
+
+async def expire_e2ee_by_token(conn: AsyncConnection, token: str, apns: bool) -> int:
+    kind = APNS_KIND if apns else FCM_KIND
+    result = await conn.execute(
+        update(e2ee_devices)
+        .where(
+            e2ee_devices.c.token_key == token_key(token, apns),
+            e2ee_devices.c.token_kind == kind,
+            e2ee_devices.c.expired_at.is_(None),
+        )
+        .values(expired_at=now_utc())
+    )
+    return int(result.rowcount or 0)
+
+
+async def e2ee_by_token_hash(conn: AsyncConnection, token_hash: str) -> Sequence[DbRow]:
+    result = await conn.execute(
+        select(e2ee_devices.c.token, e2ee_devices.c.token_kind).where(
+            e2ee_devices.c.token_hash == token_hash
+        )
+    )
+    return result.all()
+
+
+# --- legacy devices --------------------------------------------------------------------
+
+
+def _user_clause(user_id: int | None, user_uuid: str | None) -> Any:
+    clauses = []
+    if user_id is not None:
+        clauses.append(legacy_devices.c.user_id == user_id)
+    if user_uuid is not None:
+        clauses.append(legacy_devices.c.user_uuid == user_uuid)
+    return or_(*clauses)
+
+
+async def legacy_register(
+    conn: AsyncConnection,
+    *,
+    server_id: int,
+    user_id: int | None,
+    user_uuid: str | None,
+    realm_id: int | None,
+    kind: int,
+    token: str,
+    token_hash: str,
+    ios_app_id: str | None,
+    apns: bool,
+) -> bool:
+    """Insert-or-ignore; with both ids, the `user_id` row for this token is replaced."""
+    key = token_key(token, apns)
+    if user_id is not None and user_uuid is not None:
+        await conn.execute(
+            delete(legacy_devices).where(
+                legacy_devices.c.server_id == server_id,
+                legacy_devices.c.user_id == user_id,
+                legacy_devices.c.user_uuid.is_(None),
+                legacy_devices.c.kind == kind,
+                legacy_devices.c.token_key == key,
+            )
+        )
+        user_id = None  # register by user_uuid only (zulip/zulip#24969)
+    ident = (
+        legacy_devices.c.user_uuid == user_uuid
+        if user_uuid is not None
+        else legacy_devices.c.user_id == user_id
+    )
+    found = (
+        await conn.execute(
+            select(legacy_devices.c.id).where(
+                legacy_devices.c.server_id == server_id,
+                ident,
+                legacy_devices.c.kind == kind,
+                legacy_devices.c.token_key == key,
+            )
+        )
+    ).first()
+    if found is not None:
+        return False
+    try:
+        async with conn.begin_nested():
+            await conn.execute(
+                legacy_devices.insert().values(
+                    server_id=server_id,
+                    realm_id=realm_id,
+                    user_id=user_id,
+                    user_uuid=user_uuid,
+                    kind=kind,
+                    token=token,
+                    token_key=key,
+                    token_hash=token_hash,
+                    ios_app_id=ios_app_id,
+                    created_at=now_utc(),
+                )
+            )
+        return True
+    except IntegrityError:
+        return False
+
+
+async def legacy_unregister(
+    conn: AsyncConnection,
+    *,
+    server_id: int,
+    user_id: int | None,
+    user_uuid: str | None,
+    kind: int,
+    token: str,
+    apns: bool,
+) -> int:
+    result = await conn.execute(
+        delete(legacy_devices).where(
+            legacy_devices.c.server_id == server_id,
+            _user_clause(user_id, user_uuid),
+            legacy_devices.c.kind == kind,
+            legacy_devices.c.token_key == token_key(token, apns),
+        )
+    )
+    return int(result.rowcount or 0)
+
+
+async def legacy_unregister_all(
+    conn: AsyncConnection, *, server_id: int, user_id: int | None, user_uuid: str | None
+) -> int:
+    result = await conn.execute(
+        delete(legacy_devices).where(
+            legacy_devices.c.server_id == server_id, _user_clause(user_id, user_uuid)
+        )
+    )
+    return int(result.rowcount or 0)
+
+
+async def legacy_user_devices(
+    conn: AsyncConnection, *, server_id: int, user_id: int | None, user_uuid: str | None
+) -> Sequence[DbRow]:
+    result = await conn.execute(
+        select(legacy_devices)
+        .where(legacy_devices.c.server_id == server_id, _user_clause(user_id, user_uuid))
+        .order_by(legacy_devices.c.id)
+    )
+    return result.all()
+
+
+async def delete_legacy_ids(conn: AsyncConnection, ids: Iterable[int]) -> None:
+    wanted = list(ids)
+    if wanted:
+        await conn.execute(delete(legacy_devices).where(legacy_devices.c.id.in_(wanted)))
+
+
+async def delete_legacy_token(
+    conn: AsyncConnection, *, kind: int, token: str, apns: bool, server_id: int | None = None
+) -> int:
+    """Delete registrations of a token (every server unless `server_id`)."""
+    clauses = [legacy_devices.c.kind == kind, legacy_devices.c.token_key == token_key(token, apns)]
+    if server_id is not None:
+        clauses.append(legacy_devices.c.server_id == server_id)
+    result = await conn.execute(delete(legacy_devices).where(*clauses))
+    return int(result.rowcount or 0)
+
+
+async def legacy_by_token_hash(conn: AsyncConnection, token_hash: str) -> Sequence[DbRow]:
+    result = await conn.execute(
+        select(legacy_devices.c.token, legacy_devices.c.kind).where(
+            legacy_devices.c.token_hash == token_hash
+        )
+    )
+    return result.all()
+
+
+# --- garbage collection ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GcCounts:
+    e2ee_expired: int = 0
+    e2ee_of_gone_realms: int = 0
+    legacy_of_gone_realms: int = 0
+    e2ee_of_deactivated_servers: int = 0
+    legacy_of_deactivated_servers: int = 0
+
+    @property
+    def total(self) -> int:
+        return (
+            self.e2ee_expired
+            + self.e2ee_of_gone_realms
+            + self.legacy_of_gone_realms
+            + self.e2ee_of_deactivated_servers
+            + self.legacy_of_deactivated_servers
+        )
+
+
+async def _delete(conn: AsyncConnection, table: Any, where: Any) -> int:
+    deleted = await conn.execute(delete(table).where(where))
+    return int(deleted.rowcount or 0)
+
+
+async def collect_garbage(conn: AsyncConnection, cutoff: datetime) -> GcCounts:
+    """Delete registrations past retention; idempotent and safe under traffic.
+
+    For a dry run, call it inside a transaction and roll back: the counts are then
+    exactly what a real run would delete.
+    """
+    gone_realms = select(realms.c.id).where(
+        or_(
+            realms.c.locally_deleted_at < cutoff,
+            and_(realms.c.deactivated.is_(True), realms.c.deactivated_at < cutoff),
+        )
+    )
+    dead_servers = select(servers.c.id).where(servers.c.deactivated_at < cutoff)
+    realms_of_dead = select(realms.c.id).where(realms.c.server_id.in_(dead_servers))
+    e2ee_expired = await _delete(
+        conn,
+        e2ee_devices,
+        and_(e2ee_devices.c.expired_at.is_not(None), e2ee_devices.c.expired_at < cutoff),
+    )
+    e2ee_gone = await _delete(conn, e2ee_devices, e2ee_devices.c.realm_id.in_(gone_realms))
+    legacy_gone = await _delete(conn, legacy_devices, legacy_devices.c.realm_id.in_(gone_realms))
+    e2ee_dead = await _delete(conn, e2ee_devices, e2ee_devices.c.realm_id.in_(realms_of_dead))
+    legacy_dead = await _delete(conn, legacy_devices, legacy_devices.c.server_id.in_(dead_servers))
+    return GcCounts(e2ee_expired, e2ee_gone, legacy_gone, e2ee_dead, legacy_dead)

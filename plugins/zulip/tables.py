@@ -1,0 +1,122 @@
+"""The zulip plugin's tables (created by the Alembic branch in `migrations/`).
+
+Tokens are stored in clear because they must be sent; lookups go through hashes so
+that no index holds a 4 KB token:
+
+- `token_hash`: the core's keyed hash of the exact token (`context.token_hash`), which
+  receipts carry, to find rows from `pushgw tokens retire`.
+- `token_key`: SHA-256 hex of the token's comparison key (lower case for APNs, whose hex
+  tokens are case-insensitive; the token itself for FCM).
+
+Server keys are stored as SHA-256 hex only. Analytics rows are never stored: only the
+highest row ids seen (`last_*_id`).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+__all__ = ["e2ee_devices", "legacy_devices", "metadata", "realms", "servers"]
+
+metadata = MetaData()
+
+servers = Table(
+    "zulip_servers",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("uuid", String(36), nullable=False, unique=True),
+    Column("key_hash", String(64), nullable=False),
+    Column("hostname", String(255), nullable=False),
+    Column("contact_email", String(255), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("last_request_at", DateTime(timezone=True), nullable=True),
+    Column("deactivated_at", DateTime(timezone=True), nullable=True),
+    Column("push_disabled", Boolean, nullable=False, default=False),
+    Column("disabled_reason", String(255), nullable=True),
+    Column("version", String(128), nullable=True),
+    Column("merge_base", String(128), nullable=True),
+    Column("api_feature_level", Integer, nullable=True),
+    Column("last_realm_count_id", BigInteger, nullable=False, default=0),
+    Column("last_installation_count_id", BigInteger, nullable=False, default=0),
+    Column("last_realmauditlog_id", BigInteger, nullable=False, default=0),
+)
+
+realms = Table(
+    "zulip_realms",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column(
+        "server_id", Integer, ForeignKey("zulip_servers.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("uuid", String(36), nullable=False, unique=True),
+    Column("host", String(255), nullable=False, default=""),
+    Column("name", Text, nullable=False, default=""),
+    Column("org_type", Integer, nullable=True),
+    Column("deactivated", Boolean, nullable=False, default=False),
+    Column("deactivated_at", DateTime(timezone=True), nullable=True),
+    Column("is_system_bot_realm", Boolean, nullable=False, default=False),
+    Column("locally_deleted_at", DateTime(timezone=True), nullable=True),
+    Column("push_disabled", Boolean, nullable=False, default=False),
+    Column("disabled_reason", String(255), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("last_request_at", DateTime(timezone=True), nullable=True),
+    Index("ix_zulip_realms_server_id", "server_id"),
+)
+
+e2ee_devices = Table(
+    "zulip_e2ee_devices",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("realm_id", Integer, ForeignKey("zulip_realms.id", ondelete="CASCADE"), nullable=False),
+    Column("token_id", BigInteger, nullable=False),
+    Column("token", Text, nullable=False),
+    Column("token_kind", String(8), nullable=False),
+    Column("ios_app_id", String(255), nullable=True),
+    Column("token_hash", String(64), nullable=False),
+    Column("token_key", String(64), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expired_at", DateTime(timezone=True), nullable=True),
+    UniqueConstraint("realm_id", "token_id", name="uq_zulip_e2ee_devices_realm_token_id"),
+    Index("ix_zulip_e2ee_devices_token_hash", "token_hash"),
+    Index("ix_zulip_e2ee_devices_token_key", "token_key"),
+)
+
+legacy_devices = Table(
+    "zulip_legacy_devices",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column(
+        "server_id", Integer, ForeignKey("zulip_servers.id", ondelete="CASCADE"), nullable=False
+    ),
+    Column("realm_id", Integer, ForeignKey("zulip_realms.id", ondelete="SET NULL"), nullable=True),
+    Column("user_id", BigInteger, nullable=True),
+    Column("user_uuid", String(64), nullable=True),
+    Column("kind", SmallInteger, nullable=False),
+    Column("token", Text, nullable=False),
+    Column("token_key", String(64), nullable=False),
+    Column("token_hash", String(64), nullable=False),
+    Column("ios_app_id", String(255), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint(
+        "server_id", "user_id", "kind", "token_key", name="uq_zulip_legacy_devices_user_id"
+    ),
+    UniqueConstraint(
+        "server_id", "user_uuid", "kind", "token_key", name="uq_zulip_legacy_devices_user_uuid"
+    ),
+    Index("ix_zulip_legacy_devices_token_key", "token_key"),
+    Index("ix_zulip_legacy_devices_token_hash", "token_hash"),
+)

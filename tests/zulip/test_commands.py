@@ -1,0 +1,191 @@
+"""`pushgw zulip ...` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import select, update
+
+from gateway.api import Store
+from gateway.cli import main
+from plugins.zulip import repo
+from plugins.zulip.crypto import load_bouncer_keys
+from plugins.zulip.plugin import pushgw_migrations
+from plugins.zulip.tables import e2ee_devices, realms, servers
+from tests.zulip.conftest import random_key
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    data = {
+        "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'pushgw.db'}"},
+        "receipts": {"directory": str(tmp_path / "receipts")},
+        "plugins": {
+            "enabled": ["zulip"],
+            "zulip": {"bouncer_keys_file": str(tmp_path / "keys.json")},
+        },
+    }
+    (tmp_path / "keys.json").write_text("{}")
+    path = tmp_path / "pushgw.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _db(config: Path) -> str:
+    return str(yaml.safe_load(config.read_text())["store"]["url"])
+
+
+def _query(config: Path, stmt: object) -> list:
+    async def run() -> list:
+        store = Store(_db(config))
+        await store.upgrade([pushgw_migrations()])
+        try:
+            async with store.engine.begin() as conn:
+                result = await conn.execute(stmt)  # type: ignore[arg-type]
+                return list(result.all()) if result.returns_rows else []
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def test_keys_generate_list_remove(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys_file = config.parent / "keys.json"
+    assert main(["-c", str(config), "zulip", "keys", "generate"]) == 0
+    public = capsys.readouterr().out.strip()
+    assert main(["-c", str(config), "zulip", "keys", "add"]) == 0
+    second = capsys.readouterr().out.strip()
+    stored = json.loads(keys_file.read_text())
+    assert set(stored) == {public, second}
+    assert keys_file.stat().st_mode & 0o777 == 0o600
+    assert set(load_bouncer_keys(stored)) == {public, second}
+    assert main(["-c", str(config), "zulip", "keys", "list"]) == 0
+    out = capsys.readouterr().out
+    assert set(out.split()) == {public, second}
+    assert all(private not in out for private in stored.values())
+    assert main(["-c", str(config), "zulip", "keys", "remove", public]) == 0
+    assert set(json.loads(keys_file.read_text())) == {second}
+    assert main(["-c", str(config), "zulip", "keys", "remove", public]) == 1
+
+
+def test_add_server_disable_and_servers(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    org_id, key = str(uuid.uuid4()), random_key()
+    args = [
+        "-c",
+        str(config),
+        "zulip",
+        "add-server",
+        "--uuid",
+        org_id,
+        "--key",
+        key,
+        "--hostname",
+        "zulip.example.org",
+        "--email",
+        "admin@example.org",
+    ]
+    assert main(args) == 0
+    assert main(args) == 1
+    assert (
+        main(
+            [
+                "-c",
+                str(config),
+                "zulip",
+                "add-server",
+                "--hostname",
+                "other.example.org",
+                "--email",
+                "a@example.org",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "zulip_org_key = " in out
+    rows = _query(config, select(servers))
+    assert {r.hostname for r in rows} == {"zulip.example.org", "other.example.org"}
+    assert all(key not in str(tuple(r)) for r in rows)  # stored hashed
+    assert main(["-c", str(config), "zulip", "disable", "--server", org_id, "--reason", "x"]) == 0
+    assert _query(config, select(servers.c.push_disabled).where(servers.c.uuid == org_id)) == [
+        (True,)
+    ]
+    assert main(["-c", str(config), "zulip", "enable", "--server", org_id]) == 0
+    assert main(["-c", str(config), "zulip", "disable", "--realm", str(uuid.uuid4())]) == 1
+    assert main(["-c", str(config), "zulip", "servers"]) == 0
+    assert "zulip.example.org" in capsys.readouterr().out
+
+
+def test_gc(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    org_id = str(uuid.uuid4())
+    assert (
+        main(
+            [
+                "-c",
+                str(config),
+                "zulip",
+                "add-server",
+                "--uuid",
+                org_id,
+                "--key",
+                random_key(),
+                "--hostname",
+                "zulip.example.org",
+                "--email",
+                "admin@example.org",
+            ]
+        )
+        == 0
+    )
+    old = repo.now_utc() - timedelta(days=40)
+    recent = repo.now_utc() - timedelta(days=2)
+    [(server_id,)] = _query(config, select(servers.c.id))
+    _query(
+        config,
+        realms.insert().values(
+            server_id=server_id,
+            uuid=str(uuid.uuid4()),
+            host="h",
+            name="n",
+            deactivated=False,
+            is_system_bot_realm=False,
+            push_disabled=False,
+            created_at=old,
+        ),
+    )
+    [(realm_id,)] = _query(config, select(realms.c.id))
+    for i, expired in enumerate((old, recent, None)):
+        _query(
+            config,
+            e2ee_devices.insert().values(
+                realm_id=realm_id,
+                token_id=i,
+                token=f"t{i}",
+                token_kind="fcm",
+                token_hash="h" * 64,
+                token_key="k" * 64,
+                created_at=old,
+                expired_at=expired,
+            ),
+        )
+    capsys.readouterr()
+    assert main(["-c", str(config), "zulip", "gc", "--dry-run"]) == 0
+    assert "would delete 1 expired E2EE registrations" in capsys.readouterr().out
+    assert len(_query(config, select(e2ee_devices))) == 3
+    assert main(["-c", str(config), "zulip", "gc", "--older-than", "1d"]) == 0
+    assert "deleted 2 expired" in capsys.readouterr().out
+    assert main(["-c", str(config), "zulip", "gc"]) == 0
+    assert "deleted 0 expired" in capsys.readouterr().out
+    _query(config, update(servers).values(deactivated_at=old))
+    assert main(["-c", str(config), "zulip", "gc"]) == 0
+    assert (
+        "deleted 1 E2EE and 0 legacy registrations of deactivated servers"
+        in capsys.readouterr().out
+    )
+    assert main(["-c", str(config), "zulip", "gc", "--older-than", "soon"]) == 1
