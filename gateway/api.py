@@ -9,8 +9,8 @@ from __future__ import annotations
 import pluggy
 
 from gateway.config import (
-    AppConfig,
     ApnsAppConfig,
+    AppConfig,
     ConfigModel,
     ExistingFile,
     FcmAppConfig,

@@ -1,0 +1,687 @@
+"""APNs provider client: one app's credential, connections and request classification.
+
+Built on aioapns 4 (connection pool, HTTP/2 protocol, stream accounting), with the
+workarounds of specs/providers.md §4.1 applied through subclasses:
+
+- `_ApnsProtocol` (subclass of `APNsTLSClientProtocol`) carries the configured host
+  and port (`APNS_SERVER`/`APNS_PORT`, set per client), a one-hour inactivity time,
+  one stream until the server's SETTINGS allow more, and its own request/response
+  path. aioapns's path cannot omit or send unknown push types (location,
+  pushtotalk, widgets), cannot send `apns-expiration: 0`, encodes bodies
+  non-compactly (so the size checked is not the size sent), never returns HTTP/2
+  flow-control credit for response DATA (the connection stalls after 64 KiB of
+  error bodies), raises instead of waiting when the send window is short, leaks
+  per-stream state on every 200, and leaves bodiless errors and RST_STREAM hanging
+  with their stream slot taken. Here a stream resolves when it ends or is reset,
+  and a send abandoned by its timeout resets its stream.
+- `_StreamSlots` (subclass of `ChannelPool`) follows SETTINGS_MAX_CONCURRENT_STREAMS
+  correctly in both directions.
+- `_ApnsPool` (subclass of `APNsBaseConnectionPool`) creates connections with one
+  shared JWT header provider (`_ProviderToken`), optionally through an HTTP CONNECT
+  proxy, queues on the least loaded connection when all are full (no busy-poll), and
+  tolerates double discards.
+
+Every send is bounded by `request_timeout`; the pool makes one attempt
+(`max_connection_attempts=1`): retries belong to the dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import re
+import socket
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import SplitResult, unquote, urlsplit
+
+import jwt
+from aioapns.common import NotificationRequest, NotificationResult
+from aioapns.connection import (
+    APNsBaseClientProtocol,
+    APNsBaseConnectionPool,
+    APNsTLSClientProtocol,
+    AuthorizationHeaderProvider,
+    ChannelPool,
+)
+from aioapns.exceptions import ConnectionClosed, MaxAttemptsExceeded
+from aioapns.exceptions import ConnectionError as ApnsConnectionError
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from h2.errors import ErrorCodes
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    RemoteSettingsChanged,
+    ResponseReceived,
+    StreamEnded,
+    StreamReset,
+    WindowUpdated,
+)
+from h2.exceptions import H2Error
+
+from gateway.config import ApnsAppConfig
+from gateway.core.classify import classify_apns
+from gateway.core.http import ca_bundle, parse_retry_after, resolve_proxy, ssl_context
+from gateway.core.push import Attempt, Outcome, ProviderKind, Push, Reason
+
+log = logging.getLogger(__name__)
+
+PRODUCTION_HOST = "api.push.apple.com"
+SANDBOX_HOST = "api.sandbox.push.apple.com"
+DEFAULT_PORT = 443
+
+PAYLOAD_LIMIT = 4096
+VOIP_PAYLOAD_LIMIT = 5120
+COLLAPSE_ID_LIMIT = 64
+MAX_STREAMS = 1000  # per connection, when the server allows more
+IDLE_SECONDS = 3600.0  # aioapns closes idle connections after 10 s; Apple wants them kept
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_TOKEN_RE = re.compile(r"[A-Za-z0-9._~-]+")  # path-safe; APNs tokens are hex
+
+
+# --- provider token (JWT) ---------------------------------------------------------------
+
+
+class _ProviderToken(AuthorizationHeaderProvider):
+    """The one ES256 provider token of a (key, team), shared by every connection.
+
+    Re-signed when older than `RESIGN_AFTER` (checked on use), and by `refresh()`:
+    forced after an `ExpiredProviderToken` answer to the current token, otherwise
+    only when older than `MIN_INTERVAL` (APNs answers TooManyProviderTokenUpdates
+    to tokens replaced more often than every 20 minutes).
+    """
+
+    RESIGN_AFTER = 45 * 60.0
+    MIN_INTERVAL = 20 * 60.0
+
+    def __init__(
+        self, key_pem: str, key_id: str, team_id: str, clock: Callable[[], float] = time.time
+    ) -> None:
+        key = load_pem_private_key(key_pem.encode(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError("the APNs signing key must be an EC (P-256) key")
+        self._key = key
+        self._key_id = key_id
+        self._team_id = team_id
+        self._clock = clock
+        self.generation = 0
+        self.issued_at = 0.0
+        self.signatures = 0
+        self._expired_generation = -1
+        self._header = ""
+        self._sign()
+
+    def _sign(self) -> None:
+        now = self._clock()
+        token = jwt.encode(
+            {"iss": self._team_id, "iat": int(now)},
+            self._key,
+            algorithm="ES256",
+            headers={"kid": self._key_id},
+        )
+        self._header = f"bearer {token}"
+        self.issued_at = now
+        self.generation += 1
+        self.signatures += 1
+
+    def get_header(self) -> str:
+        if self._clock() - self.issued_at >= self.RESIGN_AFTER:
+            self._sign()
+        return self._header
+
+    def expired(self, generation: int) -> None:
+        """APNs said ExpiredProviderToken to a request signed with `generation`."""
+        self._expired_generation = max(self._expired_generation, generation)
+
+    def refresh(self) -> bool:
+        """Re-sign if allowed (see class doc); True when a new token was signed."""
+        if self._expired_generation == self.generation or (
+            self._clock() - self.issued_at >= self.MIN_INTERVAL
+        ):
+            self._sign()
+            return True
+        return False
+
+
+# --- HTTP/2 protocol ----------------------------------------------------------------------
+
+
+class _Request(NotificationRequest):
+    """An aioapns request carrying what its own fields cannot express."""
+
+    __slots__ = ("body", "expiration", "push_type_name")
+
+    def __init__(
+        self,
+        push: Push,
+        body: bytes,
+        push_type: str | None,
+    ) -> None:
+        opts = push.apns
+        super().__init__(
+            device_token=push.token,
+            message=push.payload,  # type: ignore[arg-type]  # unused: `body` is sent
+            notification_id=push.id,
+            priority=opts.priority,
+            collapse_key=opts.collapse_id,
+            apns_topic=opts.topic,
+        )
+        self.body = body
+        self.expiration = opts.expiration
+        self.push_type_name = push_type
+
+
+class _Result(NotificationResult):
+    __slots__ = ("retry_after",)
+
+    def __init__(
+        self,
+        notification_id: str,
+        status: str,
+        description: str | None = None,
+        timestamp: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(notification_id, status, description, timestamp)
+        self.retry_after = retry_after
+
+
+class StreamResetError(Exception):
+    """The server reset the request's stream (RST_STREAM)."""
+
+
+class _Stream:
+    __slots__ = ("body", "future", "headers", "notification_id")
+
+    def __init__(self, notification_id: str, future: asyncio.Future[NotificationResult]) -> None:
+        self.notification_id = notification_id
+        self.future = future
+        self.headers: list[tuple[bytes, bytes]] | None = None
+        self.body: bytes = b""
+
+
+class _StreamSlots(ChannelPool):
+    """aioapns's per-connection stream semaphore, fixed for a bound that changes while
+    streams are open (SETTINGS_MAX_CONCURRENT_STREAMS moves between 1 and 500+ on APNs).
+
+    aioapns clamps the releases that should hand out new slots to the *old* bound, so a
+    grown bound is never used, and on Python 3.11 a count made negative by a shrunk bound
+    passes `locked()` as free (streams beyond the peer's limit: a protocol error).
+    """
+
+    @property
+    def bound(self) -> int:
+        return self._bound_value
+
+    @bound.setter
+    def bound(self, new_bound: int) -> None:
+        self._value += new_bound - self._bound_value
+        self._bound_value = new_bound
+        while self._value > 0 and any(not w.done() for w in self._waiters or ()):
+            self._wake_up_next()
+
+    def locked(self) -> bool:
+        return self._value <= 0 or super().locked()
+
+    def release(self) -> None:
+        self._value = min(self._value + 1, self._bound_value)
+        if self._value > 0:
+            self._wake_up_next()
+
+
+class _ApnsProtocol(APNsTLSClientProtocol):
+    """aioapns protocol with our host/port, long idle time and request path (module doc)."""
+
+    APNS_SERVER = PRODUCTION_HOST
+    APNS_PORT = DEFAULT_PORT
+    INACTIVITY_TIME = IDLE_SECONDS  # type: ignore[assignment]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._streams: dict[int, _Stream] = {}
+        self._window_waiters: list[asyncio.Future[None]] = []
+        # aioapns assumes 1000 streams until the server's SETTINGS arrive; APNs allows one
+        # on a fresh token-auth connection, and opening more is a protocol error.
+        self.free_channels = _StreamSlots(1)
+
+    def on_remote_settings_changed(self, changed_settings: Any) -> None:
+        limit = self.conn.remote_settings.max_concurrent_streams
+        self.free_channels.bound = max(1, min(limit, MAX_STREAMS))
+
+    async def send_notification(self, request: NotificationRequest) -> NotificationResult:
+        assert isinstance(request, _Request)
+        stream_id = await self.free_channels.acquire()
+        if self.transport is None or self.transport.is_closing():
+            self.free_channels.release()
+            raise ConnectionClosed("connection closing")
+        nid = request.notification_id
+        headers = [
+            (":method", "POST"),
+            (":scheme", "https"),
+            (":path", f"/3/device/{request.device_token}"),
+            ("host", self.APNS_SERVER),
+            ("apns-id", nid),
+        ]
+        topic = request.apns_topic or self.apns_topic
+        if topic:
+            headers.append(("apns-topic", topic))
+        if request.push_type_name is not None:
+            headers.append(("apns-push-type", request.push_type_name))
+        if request.expiration is not None:
+            headers.append(("apns-expiration", str(request.expiration)))
+        if request.priority is not None:
+            headers.append(("apns-priority", str(request.priority)))
+        if request.collapse_key is not None:
+            headers.append(("apns-collapse-id", request.collapse_key))
+        if self.auth_provider is not None:
+            headers.append(("authorization", self.auth_provider.get_header()))
+
+        future: asyncio.Future[NotificationResult] = self.loop.create_future()
+        self._streams[stream_id] = _Stream(nid, future)
+        try:
+            body = request.body
+            self.conn.send_headers(stream_id, headers, end_stream=not body)
+            if body:
+                while self.conn.local_flow_control_window(stream_id) < len(body):
+                    self.flush()
+                    waiter: asyncio.Future[None] = self.loop.create_future()
+                    self._window_waiters.append(waiter)
+                    await waiter
+                self.conn.send_data(stream_id, body, end_stream=True)
+            self.flush()
+            return await future
+        finally:
+            if self._streams.pop(stream_id, None) is not None:
+                # Abandoned (timeout, cancellation, local error): free the stream slot.
+                self.free_channels.release()
+                if self.transport is not None and not self.transport.is_closing():
+                    try:
+                        self.conn.reset_stream(stream_id, ErrorCodes.CANCEL)
+                        self.flush()
+                    except H2Error:
+                        pass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except H2Error as exc:
+            log.warning("APNs connection protocol error (%s); closing", type(exc).__name__)
+            self.close()
+            return
+        for event in events:
+            if isinstance(event, ResponseReceived):
+                stream = self._streams.get(event.stream_id)  # type: ignore[arg-type]
+                if stream is not None:
+                    stream.headers = event.headers  # type: ignore[assignment]
+            elif isinstance(event, DataReceived):
+                sid: int = event.stream_id  # type: ignore[assignment]
+                self.conn.acknowledge_received_data(event.flow_controlled_length, sid)  # type: ignore[arg-type]
+                stream = self._streams.get(sid)
+                if stream is not None:
+                    stream.body += event.data  # type: ignore[operator]
+            elif isinstance(event, StreamEnded):
+                self._finish(event.stream_id)  # type: ignore[arg-type]
+            elif isinstance(event, StreamReset):
+                self._finish(event.stream_id, reset=int(event.error_code))  # type: ignore[arg-type]
+            elif isinstance(event, WindowUpdated):
+                self._wake_senders()
+            elif isinstance(event, RemoteSettingsChanged):
+                self.on_remote_settings_changed(event.changed_settings)  # type: ignore[arg-type]
+                self._wake_senders()
+            elif isinstance(event, ConnectionTerminated):
+                self.on_connection_terminated(event)
+        if self.transport is not None and not self.transport.is_closing():
+            self.flush()
+
+    def _wake_senders(self) -> None:
+        waiters, self._window_waiters = self._window_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _finish(self, stream_id: int, reset: int | None = None) -> None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is None:
+            return
+        self.free_channels.release()
+        if stream.future.done():
+            return
+        if reset is not None:
+            stream.future.set_exception(StreamResetError(f"stream reset by APNs (code {reset})"))
+            return
+        status = ""
+        retry_after = None
+        for name, value in stream.headers or ():
+            if name == b":status":
+                status = value.decode("latin-1")
+            elif name == b"retry-after":
+                retry_after = parse_retry_after(value)
+        reason = timestamp = None
+        if status != "200" and stream.body:
+            try:
+                data = json.loads(stream.body)
+            except ValueError:
+                data = None
+            if isinstance(data, Mapping):
+                reason = data.get("reason") if isinstance(data.get("reason"), str) else None
+                ts = data.get("timestamp")
+                timestamp = ts if isinstance(ts, int) else None
+        stream.future.set_result(
+            _Result(stream.notification_id, status, reason, timestamp, retry_after)
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        streams, self._streams = self._streams, {}
+        closed = ConnectionClosed(str(exc) if exc else "connection closed")
+        for stream in streams.values():
+            if not stream.future.done():
+                stream.future.set_exception(closed)
+        for waiter in self._window_waiters:
+            if not waiter.done():
+                waiter.set_exception(closed)
+        self._window_waiters = []
+        super().connection_lost(exc)
+
+
+# --- connection pool ----------------------------------------------------------------------
+
+
+class _ApnsPool(APNsBaseConnectionPool):
+    """aioapns pool creating `_ApnsProtocol` connections with a shared JWT provider."""
+
+    def __init__(
+        self,
+        *,
+        protocol_class: type[_ApnsProtocol],
+        topic: str | None,
+        max_connections: int,
+        ssl_context: ssl.SSLContext,
+        auth: AuthorizationHeaderProvider | None,
+        proxy: str | None,
+    ) -> None:
+        super().__init__(topic=topic, max_connections=max_connections, max_connection_attempts=1)
+        self.protocol_class = protocol_class
+        self.ssl_context = ssl_context
+        self.auth = auth
+        self.proxy = urlsplit(proxy) if proxy else None
+
+    async def create_connection(self) -> APNsBaseClientProtocol:
+        host = self.protocol_class.APNS_SERVER
+        port = self.protocol_class.APNS_PORT
+        factory = partial(
+            self.protocol_class,
+            self.apns_topic,  # type: ignore[arg-type]
+            self.loop,
+            self.discard_connection,  # type: ignore[arg-type]
+            self.auth,
+        )
+        if self.proxy is None:
+            _, protocol = await self.loop.create_connection(
+                factory, host=host, port=port, ssl=self.ssl_context
+            )
+        else:
+            sock = await _connect_tunnel(self.loop, self.proxy, host, port)
+            try:
+                _, protocol = await self.loop.create_connection(
+                    factory, sock=sock, ssl=self.ssl_context, server_hostname=host
+                )
+            except BaseException:
+                sock.close()
+                raise
+        return protocol
+
+    async def acquire(self) -> APNsBaseClientProtocol:
+        for connection in self.connections:
+            if not connection.is_busy:
+                return connection
+        if len(self.connections) < self.max_connections:
+            return await super().acquire()  # opens a connection
+        # All connections full: queue on the least loaded one's stream semaphore instead
+        # of aioapns's 10 ms busy-poll, which also logs a WARNING per waiting send.
+        return min(self.connections, key=lambda c: len(c.free_channels._waiters or ()))
+
+    def discard_connection(self, connection: APNsBaseClientProtocol) -> None:
+        # aioapns raises ValueError when a connection is discarded twice.
+        if connection in self.connections:
+            self.connections.remove(connection)
+
+
+async def _connect_tunnel(
+    loop: asyncio.AbstractEventLoop, proxy: SplitResult, host: str, port: int
+) -> socket.socket:
+    """Open a TCP connection through an HTTP CONNECT proxy; TLS is started by the caller.
+
+    Hand-written because aioapns's own proxy support only recognises a literal
+    "HTTP/1.1 200 Connect" in the first chunk, never reports a refusal (the send
+    hangs), has no proxy authentication, and lets two transports share one socket.
+    """
+    infos = await loop.getaddrinfo(
+        proxy.hostname, proxy.port or 80, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    sock: socket.socket | None = None
+    error: OSError = OSError(f"proxy {proxy.hostname} did not resolve")
+    for family, kind, proto, _, address in infos:
+        candidate = socket.socket(family, kind, proto)
+        candidate.setblocking(False)
+        try:
+            await loop.sock_connect(candidate, address)
+        except OSError as exc:
+            candidate.close()
+            error = exc
+            continue
+        except BaseException:
+            candidate.close()
+            raise
+        sock = candidate
+        break
+    if sock is None:
+        raise error
+    try:
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}"]
+        if proxy.username is not None:
+            user_pass = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"
+            lines.append(
+                f"Proxy-Authorization: Basic {base64.b64encode(user_pass.encode()).decode()}"
+            )
+        await loop.sock_sendall(sock, ("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = await loop.sock_recv(sock, 4096)
+            if not chunk or len(answer) > 16384:
+                raise ConnectionError("proxy closed the connection during CONNECT")
+            answer += chunk
+        status_line = answer.split(b"\r\n", 1)[0]
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or parts[1] != b"200":
+            raise ConnectionError(f"proxy refused CONNECT: {status_line[:80].decode('latin-1')}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+# --- client -------------------------------------------------------------------------------
+
+
+def _refusal(reason: str, detail: str) -> Attempt:
+    return Attempt(Outcome.PERMANENT, reason=reason, detail=detail)
+
+
+class ApnsClient:
+    """`ProviderClient` for one APNs app (token or certificate auth)."""
+
+    kind = ProviderKind.APNS
+
+    def __init__(
+        self,
+        app_id: str,
+        config: ApnsAppConfig,
+        *,
+        proxy: str | None = None,
+        ca_file: Path | None = None,
+    ) -> None:
+        self.app_id = app_id
+        self.config = config
+        self.max_in_flight = config.max_in_flight
+        sandbox = config.environment == "sandbox"
+        self.host = config.host or (SANDBOX_HOST if sandbox else PRODUCTION_HOST)
+        self.port = config.port or DEFAULT_PORT
+        self._timeout = config.request_timeout
+        self._default_push_type = config.push_type
+        self._ca_file = ca_bundle(config.ca_file, ca_file)
+        self._proxy = resolve_proxy(proxy, f"https://{self.host}:{self.port}")
+        if self._proxy is not None and urlsplit(self._proxy).scheme not in ("http", ""):
+            raise ValueError("only http:// CONNECT proxies are supported for APNs")
+        self._auth: _ProviderToken | None = None
+        if config.keyfile is not None:
+            assert config.key_id and config.team_id
+            # aioapns 4 takes the key's PEM content (not its path): read it here.
+            self._auth = _ProviderToken(config.keyfile.read_text(), config.key_id, config.team_id)
+        self._pool: _ApnsPool | None = None
+
+    # ProviderClient ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._pool is not None:
+            return
+        context = ssl_context(self._ca_file, alpn=["h2"])
+        if self.config.certfile is not None:
+            context.load_cert_chain(str(self.config.certfile))
+        protocol = type(
+            "ApnsProtocol",
+            (_ApnsProtocol,),
+            {"APNS_SERVER": self.host, "APNS_PORT": self.port},
+        )
+        self._pool = _ApnsPool(
+            protocol_class=protocol,
+            topic=self.config.topic,
+            max_connections=self.config.max_connections,
+            ssl_context=context,
+            auth=self._auth,
+            proxy=self._proxy,
+        )
+
+    def ready(self) -> bool:
+        return self._pool is not None
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+            await asyncio.sleep(0)  # let connection_lost fail pending sends
+
+    async def refresh_credentials(self) -> None:
+        if self._auth is not None and self._auth.refresh():
+            log.info("APNs provider token re-signed for app %s", self.app_id)
+
+    def validate(self, push: Push) -> Attempt | None:
+        _, refusal = self._prepare(push)
+        return refusal
+
+    async def send(self, push: Push) -> Attempt:
+        pool = self._pool
+        if pool is None:
+            return Attempt(
+                Outcome.TRANSIENT, reason=Reason.CONNECTION_ERROR, detail="client not started"
+            )
+        request, refusal = self._prepare(push)
+        if refusal is not None:
+            return refusal
+        assert request is not None
+        generation = self._auth.generation if self._auth is not None else 0
+        try:
+            async with asyncio.timeout(self._timeout):
+                result = await pool.send_notification(request)
+        except TimeoutError:
+            return Attempt(
+                Outcome.TRANSIENT,
+                reason=Reason.TIMEOUT,
+                provider_id=push.id,
+                detail=f"no APNs answer within {self._timeout:g} s",
+            )
+        except (
+            MaxAttemptsExceeded,
+            ConnectionClosed,
+            ApnsConnectionError,
+            StreamResetError,
+            OSError,
+            H2Error,
+        ) as exc:
+            return Attempt(
+                Outcome.TRANSIENT,
+                reason=Reason.CONNECTION_ERROR,
+                provider_id=push.id,
+                detail=_describe(exc),
+            )
+        try:
+            status = int(result.status)
+        except ValueError:
+            return Attempt(
+                Outcome.TRANSIENT,
+                reason=Reason.CONNECTION_ERROR,
+                provider_id=push.id,
+                detail="APNs answer without a status",
+            )
+        attempt = classify_apns(
+            status,
+            result.description,
+            timestamp=result.timestamp,
+            retry_after=getattr(result, "retry_after", None),
+            apns_id=push.id,
+        )
+        if attempt.reason == "ExpiredProviderToken" and self._auth is not None:
+            self._auth.expired(generation)
+        return attempt
+
+    # helpers -------------------------------------------------------------------------
+
+    @property
+    def provider_token(self) -> _ProviderToken | None:
+        """The shared JWT provider (None with certificate auth); for tests and metrics."""
+        return self._auth
+
+    def _prepare(self, push: Push) -> tuple[_Request | None, Attempt | None]:
+        opts = push.apns
+        payload = push.payload
+        if not isinstance(payload, Mapping):
+            return None, _refusal(Reason.INVALID_PAYLOAD, "APNs payload must be a JSON object")
+        if not _TOKEN_RE.fullmatch(push.token):
+            return None, _refusal(Reason.INVALID_PAYLOAD, "device token has invalid characters")
+        try:
+            body = _encode(payload).encode()
+        except (TypeError, ValueError) as exc:
+            return None, _refusal(
+                Reason.INVALID_PAYLOAD, f"APNs payload is not JSON-encodable ({type(exc).__name__})"
+            )
+        push_type = opts.push_type if opts.push_type is not None else self._default_push_type
+        limit = push.policy.max_payload_bytes or (
+            VOIP_PAYLOAD_LIMIT if push_type == "voip" else PAYLOAD_LIMIT
+        )
+        if len(body) > limit:
+            return None, _refusal(
+                Reason.PAYLOAD_TOO_LARGE, f"APNs payload is {len(body)} bytes, limit {limit}"
+            )
+        if opts.collapse_id is not None and len(opts.collapse_id.encode()) > COLLAPSE_ID_LIMIT:
+            return None, _refusal(
+                Reason.INVALID_PAYLOAD, f"apns-collapse-id longer than {COLLAPSE_ID_LIMIT} bytes"
+            )
+        if opts.priority is not None and opts.priority not in (1, 5, 10):
+            return None, _refusal(Reason.INVALID_PAYLOAD, "apns-priority must be 1, 5 or 10")
+        if opts.expiration is not None and opts.expiration < 0:
+            return None, _refusal(Reason.INVALID_PAYLOAD, "apns-expiration must not be negative")
+        return _Request(push, body, push_type), None
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    name = type(exc).__name__
+    return f"{name}: {text[:160]}" if text else name

@@ -1,0 +1,245 @@
+"""Provider answer → `Attempt`: the classification tables of specs/providers.md §2.2 and §3.2.
+
+Pure functions, no I/O, so every table row can be tested on its own. Details are
+safe for logs: they never contain a device token or payload content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.core.push import Attempt, Outcome
+
+# --- APNs (§2.2) ---------------------------------------------------------------------
+
+APNS_TOKEN_INVALID = frozenset(
+    {"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered", "ExpiredToken"}
+)
+APNS_AUTH = frozenset({"ExpiredProviderToken", "InvalidProviderToken", "MissingProviderToken"})
+APNS_PERMANENT = frozenset(
+    {
+        "TopicDisallowed",
+        "BadCollapseId",
+        "BadExpirationDate",
+        "BadMessageId",
+        "BadPriority",
+        "BadTopic",
+        "DuplicateHeaders",
+        "InvalidPushType",
+        "MissingDeviceToken",
+        "MissingTopic",
+        "PayloadEmpty",
+        "BadCertificate",
+        "BadCertificateEnvironment",
+        "Forbidden",
+        "BadPath",
+        "MethodNotAllowed",
+        "PayloadTooLarge",
+    }
+)
+APNS_TRANSIENT = frozenset({"IdleTimeout", "InternalServerError", "ServiceUnavailable", "Shutdown"})
+APNS_THROTTLED_TOKEN = "TooManyRequests"
+APNS_THROTTLED_CREDENTIAL = "TooManyProviderTokenUpdates"
+
+
+def _by_status(status: int) -> Outcome:
+    if status == 410:
+        return Outcome.TOKEN_INVALID
+    if status == 429:
+        return Outcome.THROTTLED
+    if status >= 500 or status < 400:
+        return Outcome.TRANSIENT
+    return Outcome.PERMANENT
+
+
+def classify_apns(
+    status: int,
+    reason: str | None = None,
+    *,
+    timestamp: int | None = None,
+    retry_after: float | None = None,
+    apns_id: str | None = None,
+) -> Attempt:
+    """Classify one APNs answer: `:status`, the body's `reason` and `timestamp`, `Retry-After`.
+
+    The reason decides when it is a known one, the status otherwise. An error status
+    without a reason (no or unreadable body: not something APNs sends) is `transient`,
+    never `token_invalid`, so a broken intermediary cannot wipe registrations.
+    """
+    if status == 200:
+        return Attempt(Outcome.OK, status=200, provider_id=apns_id)
+    if not reason:
+        return Attempt(
+            Outcome.TRANSIENT,
+            status=status,
+            retry_after=retry_after,
+            provider_id=apns_id,
+            detail=f"APNs answered {status} without a reason",
+        )
+    credential_wide = False
+    if reason in APNS_TOKEN_INVALID:
+        outcome = Outcome.TOKEN_INVALID
+    elif reason in APNS_AUTH:
+        outcome = Outcome.AUTH
+    elif reason in APNS_PERMANENT:
+        outcome = Outcome.PERMANENT
+    elif reason in APNS_TRANSIENT:
+        outcome = Outcome.TRANSIENT
+    elif reason == APNS_THROTTLED_TOKEN:
+        outcome = Outcome.THROTTLED
+    elif reason == APNS_THROTTLED_CREDENTIAL:
+        outcome = Outcome.THROTTLED
+        credential_wide = True
+    else:
+        outcome = _by_status(status)
+    return Attempt(
+        outcome,
+        status=status,
+        reason=reason,
+        retry_after=retry_after,
+        credential_wide=credential_wide,
+        token_timestamp=timestamp if outcome is Outcome.TOKEN_INVALID else None,
+        provider_id=apns_id,
+        detail=None if outcome is Outcome.TOKEN_INVALID else f"APNs {status} {reason}",
+    )
+
+
+# --- FCM (§3.2) ----------------------------------------------------------------------
+
+FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
+BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
+
+# errorCode (or canonical status) → (outcome, credential_wide). INVALID_ARGUMENT is decided
+# by `_invalid_argument`; NOT_FOUND without an FCM code is a wrong URL/project, not a token.
+_FCM_CODES: dict[str, tuple[Outcome, bool]] = {
+    "UNREGISTERED": (Outcome.TOKEN_INVALID, False),
+    "SENDER_ID_MISMATCH": (Outcome.TOKEN_INVALID, False),
+    "THIRD_PARTY_AUTH_ERROR": (Outcome.PERMANENT, False),
+    "APNS_AUTH_ERROR": (Outcome.PERMANENT, False),  # pre-2020 name of THIRD_PARTY_AUTH_ERROR
+    "QUOTA_EXCEEDED": (Outcome.THROTTLED, True),
+    "RESOURCE_EXHAUSTED": (Outcome.THROTTLED, True),
+    "UNAVAILABLE": (Outcome.TRANSIENT, False),
+    "INTERNAL": (Outcome.TRANSIENT, False),
+    "DEADLINE_EXCEEDED": (Outcome.TRANSIENT, False),
+    "UNAUTHENTICATED": (Outcome.AUTH, False),
+    "PERMISSION_DENIED": (Outcome.PERMANENT, False),
+    "NOT_FOUND": (Outcome.PERMANENT, False),
+}
+_DETAIL_MAX = 200
+
+
+def _fcm_http(status: int) -> tuple[Outcome, bool]:
+    if status == 401:
+        return Outcome.AUTH, False
+    if status == 429:
+        return Outcome.THROTTLED, True
+    if status >= 500 or status < 400:
+        return Outcome.TRANSIENT, False
+    return Outcome.PERMANENT, False
+
+
+def _invalid_argument(message: str, details: list[Any]) -> Outcome:
+    """INVALID_ARGUMENT names a dead token only through a `message.token` field violation
+    (or, without such a detail, a message about the registration token)."""
+    bad_requests = [d for d in details if d.get("@type") == BAD_REQUEST_TYPE]
+    if bad_requests:
+        for detail in bad_requests:
+            for violation in detail.get("fieldViolations") or ():
+                if isinstance(violation, Mapping) and violation.get("field") == "message.token":
+                    return Outcome.TOKEN_INVALID
+        return Outcome.PERMANENT
+    if "registration token" in message.lower():
+        return Outcome.TOKEN_INVALID
+    return Outcome.PERMANENT
+
+
+def parse_fcm_error(
+    body: bytes | str | Mapping[str, Any] | None,
+) -> tuple[str | None, str | None, str, list[Any]]:
+    """(errorCode, status, message, details) of an FCM error body; blanks when unreadable."""
+    data: Any = body
+    if isinstance(body, (bytes, str)):
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            data = None
+    error = data.get("error") if isinstance(data, Mapping) else None
+    if not isinstance(error, Mapping):
+        return None, None, "", []
+    raw_details = error.get("details")
+    details = (
+        [d for d in raw_details if isinstance(d, Mapping)] if isinstance(raw_details, list) else []
+    )
+    code = next(
+        (
+            d.get("errorCode")
+            for d in details
+            if d.get("@type") == FCM_ERROR_TYPE and isinstance(d.get("errorCode"), str)
+        ),
+        None,
+    )
+    status = error.get("status")
+    message = error.get("message")
+    return (
+        code,
+        status if isinstance(status, str) else None,
+        message if isinstance(message, str) else "",
+        details,
+    )
+
+
+def classify_fcm(
+    status: int,
+    body: bytes | str | Mapping[str, Any] | None = None,
+    *,
+    retry_after: float | None = None,
+    token: str | None = None,
+) -> Attempt:
+    """Classify one FCM HTTP v1 answer: errorCode first, then the canonical status, then HTTP.
+
+    `token` is only used to scrub it from the provider message kept in `detail`.
+    """
+    if status == 200:
+        name = None
+        data: Any = body
+        if isinstance(body, (bytes, str)):
+            try:
+                data = json.loads(body) if body else None
+            except ValueError:
+                data = None
+        if isinstance(data, Mapping) and isinstance(data.get("name"), str):
+            name = data["name"]
+        return Attempt(Outcome.OK, status=200, provider_id=name)
+
+    code, canonical, message, details = parse_fcm_error(body)
+    outcome: Outcome | None = None
+    credential_wide = False
+    for key in (code, canonical):
+        if key is None:
+            continue
+        if key == "INVALID_ARGUMENT":
+            outcome = _invalid_argument(message, details)
+            break
+        if key in _FCM_CODES:
+            outcome, credential_wide = _FCM_CODES[key]
+            break
+    if outcome is None:
+        outcome, credential_wide = _fcm_http(status)
+
+    reason = code or canonical
+    if message:
+        if token:
+            message = message.replace(token, "<token>")
+        detail = f"FCM {status}: {message[:_DETAIL_MAX]}"
+    else:
+        detail = f"FCM {status}" + ("" if reason else " without an error body")
+    return Attempt(
+        outcome,
+        status=status,
+        reason=reason,
+        retry_after=retry_after,
+        credential_wide=credential_wide,
+        detail=detail,
+    )

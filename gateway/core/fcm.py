@@ -1,0 +1,332 @@
+"""FCM HTTP v1 provider client: one Firebase project, one shared aiohttp session.
+
+firebase-admin / google-auth are used only to read the service account and mint OAuth
+access tokens (in an executor: google-auth's refresh is blocking); messages are sent
+with aiohttp and the cached bearer token (specs/providers.md §4.2: the SDK send path
+is ~10x slower, retries on its own and breaks under burst concurrency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import google.auth.exceptions
+import google.auth.transport.requests
+import requests
+from firebase_admin import credentials
+
+from gateway.config import FcmAppConfig
+from gateway.core.classify import classify_fcm
+from gateway.core.http import ca_bundle, parse_retry_after, resolve_proxy, ssl_context
+from gateway.core.push import Attempt, Outcome, ProviderKind, Push, Reason
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEND_URL = "https://fcm.googleapis.com/v1/projects/{project_id}/messages:send"
+DATA_LIMIT = 4096
+REFRESH_AHEAD = 300.0  # refresh the OAuth token when less than this is left
+FETCH_RETRY = 2.0  # no new token request sooner than this after a failed one
+RESERVED_DATA_KEYS = frozenset({"from", "message_type"})
+RESERVED_DATA_PREFIXES = ("google", "gcm")
+TARGET_KEYS = ("token", "topic", "condition")
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def _refusal(reason: str, detail: str) -> Attempt:
+    return Attempt(Outcome.PERMANENT, reason=reason, detail=detail)
+
+
+class FcmClient:
+    """`ProviderClient` for one Firebase project (service-account OAuth, HTTP v1)."""
+
+    kind = ProviderKind.FCM
+
+    def __init__(
+        self,
+        app_id: str,
+        config: FcmAppConfig,
+        *,
+        proxy: str | None = None,
+        ca_file: Path | None = None,
+    ) -> None:
+        self.app_id = app_id
+        self.config = config
+        self.max_in_flight = config.max_in_flight
+        certificate = credentials.Certificate(str(config.service_account_file))
+        self._credential: Any = certificate.get_credential()
+        if config.token_uri:
+            self._credential = self._credential.with_token_uri(config.token_uri)
+        self.project_id: str = config.project_id or certificate.project_id or ""
+        if not self.project_id:
+            raise ValueError("no project_id in the config or the service account")
+        self.send_url = (config.send_url or DEFAULT_SEND_URL).format(project_id=self.project_id)
+        self.token_uri: str = self._credential._token_uri
+        self._ca_file = ca_bundle(config.ca_file, ca_file)
+        self._proxy = resolve_proxy(proxy, self.send_url)
+        self._token_proxy = resolve_proxy(proxy, self.token_uri)
+        self._timeout = config.request_timeout
+
+        self._session: aiohttp.ClientSession | None = None
+        self._headers: dict[str, str] | None = None
+        self._generation = 0  # bumped on every new access token
+        self._auth_failed_generation = -1
+        self._refresh_at = 0.0  # monotonic: start a background refresh
+        self._expires_at = 0.0  # monotonic: the token can no longer be used
+        self._background: asyncio.Task[None] | None = None
+        self._fetching: asyncio.Task[None] | None = None
+        self._fetch_error: Exception | None = None
+        self._fetch_retry_at = 0.0
+        self.token_fetches = 0
+
+    # ProviderClient ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._session is None:
+            context = ssl_context(self._ca_file) if self.send_url.startswith("https:") else None
+            connector = aiohttp.TCPConnector(
+                limit=self.config.max_connections,
+                limit_per_host=self.config.max_connections,
+                ssl=context if context is not None else True,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                trust_env=False,  # the proxy is resolved once (`resolve_proxy`)
+                raise_for_status=False,
+            )
+        if self._headers is None:
+            try:
+                await self._refresh(self._generation)
+            except Exception as exc:
+                log.warning(
+                    "FCM app %s: no OAuth token at start (%s); retrying on first send",
+                    self.app_id,
+                    type(exc).__name__,
+                )
+
+    def ready(self) -> bool:
+        return self._session is not None and self._headers is not None
+
+    async def close(self) -> None:
+        for task in (self._background, self._fetching):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._background = self._fetching = None
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def refresh_credentials(self) -> None:
+        """Fetch a new access token, unless one was fetched since the last 401."""
+        if 0 <= self._auth_failed_generation < self._generation:
+            return
+        try:
+            await self._refresh(self._generation)
+        except Exception as exc:  # the next send reports it (transient or auth)
+            log.warning(
+                "FCM app %s: OAuth token refresh failed (%s)", self.app_id, type(exc).__name__
+            )
+
+    def validate(self, push: Push) -> Attempt | None:
+        payload = push.payload
+        if not isinstance(payload, Mapping):
+            return _refusal(Reason.INVALID_PAYLOAD, "FCM message must be a JSON object")
+        for key in TARGET_KEYS:
+            if key in payload:
+                return _refusal(Reason.INVALID_PAYLOAD, f"FCM message must not set {key!r}")
+        data = payload.get("data")
+        if data is not None:
+            if not isinstance(data, Mapping):
+                return _refusal(Reason.INVALID_PAYLOAD, "FCM data must be an object")
+            for key, value in data.items():
+                if not isinstance(key, str):
+                    return _refusal(Reason.INVALID_PAYLOAD, "FCM data keys must be strings")
+                if not isinstance(value, str):
+                    return _refusal(
+                        Reason.INVALID_PAYLOAD,
+                        f"FCM data values must be strings (got {type(value).__name__})",
+                    )
+                lowered = key.lower()
+                if lowered in RESERVED_DATA_KEYS:
+                    return _refusal(Reason.INVALID_PAYLOAD, f"FCM data key {lowered!r} is reserved")
+                if lowered.startswith(RESERVED_DATA_PREFIXES):
+                    return _refusal(
+                        Reason.INVALID_PAYLOAD,
+                        "FCM data keys starting with 'google' or 'gcm' are reserved",
+                    )
+            size = len(_encode(data).encode())
+            limit = push.policy.max_payload_bytes or DATA_LIMIT
+            if size > limit:
+                return _refusal(
+                    Reason.PAYLOAD_TOO_LARGE, f"FCM data is {size} bytes, limit {limit}"
+                )
+        try:
+            _encode(payload)
+        except (TypeError, ValueError) as exc:
+            return _refusal(
+                Reason.INVALID_PAYLOAD, f"FCM message is not JSON-encodable ({type(exc).__name__})"
+            )
+        return None
+
+    async def send(self, push: Push) -> Attempt:
+        session = self._session
+        if session is None:
+            return Attempt(
+                Outcome.TRANSIENT, reason=Reason.CONNECTION_ERROR, detail="client not started"
+            )
+        if self._headers is None or time.monotonic() >= self._refresh_at:
+            problem = await self._ensure_token()
+            if problem is not None:
+                return problem
+        headers = self._headers
+        assert headers is not None
+        generation = self._generation
+        try:
+            body = _encode({"message": {**push.payload, "token": push.token}}).encode()
+        except (TypeError, ValueError) as exc:
+            return _refusal(
+                Reason.INVALID_PAYLOAD, f"FCM message is not JSON-encodable ({type(exc).__name__})"
+            )
+        try:
+            async with session.post(
+                self.send_url, data=body, headers=headers, proxy=self._proxy
+            ) as response:
+                status = response.status
+                raw = await response.read()
+                retry_after = response.headers.get("Retry-After")
+        except TimeoutError:
+            return Attempt(
+                Outcome.TRANSIENT,
+                reason=Reason.TIMEOUT,
+                detail=f"no FCM answer within {self._timeout:g} s",
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            return Attempt(Outcome.TRANSIENT, reason=Reason.CONNECTION_ERROR, detail=_describe(exc))
+        if status == 200:
+            try:
+                name = json.loads(raw).get("name")
+            except (ValueError, AttributeError):
+                name = None
+            return Attempt(Outcome.OK, status=200, provider_id=name)
+        attempt = classify_fcm(
+            status, raw, retry_after=parse_retry_after(retry_after), token=push.token
+        )
+        if attempt.outcome is Outcome.AUTH:
+            self._auth_failed_generation = max(self._auth_failed_generation, generation)
+        return attempt
+
+    # OAuth token ---------------------------------------------------------------------
+
+    async def _ensure_token(self) -> Attempt | None:
+        """Make a usable token available: in the background while the current one is
+        still valid, waiting for it otherwise. Returns an Attempt when there is none."""
+        now = time.monotonic()
+        if self._headers is not None and now < self._expires_at:
+            if self._background is None or self._background.done():
+                self._background = asyncio.create_task(self._refresh_quietly(self._generation))
+            return None
+        try:
+            await self._refresh(self._generation)
+        except google.auth.exceptions.RefreshError as exc:
+            if getattr(exc, "retryable", False):
+                return Attempt(
+                    Outcome.TRANSIENT,
+                    reason=Reason.CONNECTION_ERROR,
+                    detail="OAuth token endpoint unavailable",
+                )
+            return Attempt(
+                Outcome.AUTH, reason="oauth_token_error", detail="OAuth token request refused"
+            )
+        except Exception as exc:
+            return Attempt(
+                Outcome.TRANSIENT,
+                reason=Reason.CONNECTION_ERROR,
+                detail=f"OAuth token request failed ({type(exc).__name__})",
+            )
+        return None
+
+    async def _refresh_quietly(self, generation: int) -> None:
+        try:
+            await self._refresh(generation)
+        except Exception as exc:
+            self._refresh_at = time.monotonic() + 30.0  # the current token is still valid
+            log.warning(
+                "FCM app %s: OAuth token refresh failed (%s)", self.app_id, type(exc).__name__
+            )
+
+    async def _refresh(self, generation: int) -> None:
+        """Fetch a new token unless one arrived since `generation`.
+
+        Single flight: concurrent callers share one fetch (and its failure); after a
+        failure no new fetch starts for `FETCH_RETRY` seconds.
+        """
+        if self._generation != generation:
+            return
+        task = self._fetching
+        if task is None or task.done():
+            if self._fetch_error is not None and time.monotonic() < self._fetch_retry_at:
+                raise self._fetch_error
+            task = self._fetching = asyncio.create_task(self._fetch())
+        await asyncio.shield(task)
+
+    async def _fetch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            token, lifetime = await asyncio.wait_for(
+                loop.run_in_executor(None, self._fetch_token), self._timeout + 30
+            )
+        except Exception as exc:
+            self._fetch_error = exc
+            self._fetch_retry_at = time.monotonic() + FETCH_RETRY
+            raise
+        self._fetch_error = None
+        now = time.monotonic()
+        self._expires_at = now + max(lifetime - 10.0, 0.0)
+        self._refresh_at = now + lifetime - min(REFRESH_AHEAD, lifetime / 2)
+        self._headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json; charset=UTF-8",
+        }
+        self._generation += 1
+        self.token_fetches += 1
+        log.info("FCM app %s: OAuth token fetched (valid %d s)", self.app_id, lifetime)
+
+    def _fetch_token(self) -> tuple[str, float]:
+        """Blocking: mint an access token through google-auth (runs in an executor)."""
+        session = requests.Session()
+        session.trust_env = False  # our CA and proxy, not REQUESTS_CA_BUNDLE / *_PROXY
+        if self._ca_file is not None:
+            session.verify = str(self._ca_file)
+        if self._token_proxy:
+            session.proxies = {"https": self._token_proxy, "http": self._token_proxy}
+        try:
+            credential = self._credential
+            credential.refresh(google.auth.transport.requests.Request(session=session))
+            token: str = credential.token
+            expiry: dt.datetime | None = credential.expiry
+        finally:
+            session.close()
+        if expiry is None:
+            lifetime = 3600.0
+        else:
+            now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+            lifetime = (expiry.replace(tzinfo=None) - now).total_seconds()
+        return token, max(lifetime, 0.0)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    name = type(exc).__name__
+    return f"{name}: {text[:160]}" if text else name

@@ -1,0 +1,71 @@
+"""Transport pieces shared by the provider clients: trust store, proxy, Retry-After."""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import os
+import ssl
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+_PROXY_ENV = ("HTTPS_PROXY", "https_proxy")
+
+
+def ca_bundle(*candidates: Path | None) -> Path | None:
+    """The first configured trust store, else `SSL_CERT_FILE`, else None (system default)."""
+    for candidate in candidates:
+        if candidate is not None:
+            return candidate
+    env = os.environ.get("SSL_CERT_FILE")
+    return Path(env) if env else None
+
+
+def ssl_context(ca_file: Path | None, *, alpn: list[str] | None = None) -> ssl.SSLContext:
+    """A verifying client context trusting `ca_file` (or the system store when None)."""
+    ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    if alpn:
+        ctx.set_alpn_protocols(alpn)
+    return ctx
+
+
+def resolve_proxy(explicit: str | None, url: str) -> str | None:
+    """The HTTP CONNECT proxy for `url`: the configured one, else `HTTPS_PROXY` unless
+    `NO_PROXY` exempts the host. Resolved once per client, never per request."""
+    if explicit:
+        return explicit
+    env = next((os.environ[name] for name in _PROXY_ENV if os.environ.get(name)), None)
+    if not env:
+        return None
+    host = urlsplit(url).hostname or ""
+    if urllib.request.proxy_bypass_environment(host):  # type: ignore[attr-defined]
+        return None
+    return env
+
+
+def parse_retry_after(value: str | bytes | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a `Retry-After` value (delta seconds or HTTP-date)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    value = value.strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
