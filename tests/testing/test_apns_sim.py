@@ -34,7 +34,6 @@ from gateway.testing import (
     serve_simulators,
 )
 
-pytest_plugins = ["gateway.testing.pytest_plugin"]
 
 TOKEN = "ab" * 32
 OTHER = "cd" * 32
