@@ -1,0 +1,233 @@
+"""The `plugins.matrix` section: a Sygnal `apps:` mapping, verbatim, plus pushgw extensions.
+
+Each app is validated and translated into the core's `ApnsAppConfig` / `FcmAppConfig`
+at start-up (matrix.md §2); every misconfiguration that would otherwise reject
+pushkeys wholesale (and so delete pushers on the homeserver) fails here instead.
+Unknown keys inside an app are reported with a WARNING and ignored (Sygnal parity).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from gateway.api import ApnsAppConfig, ConfigModel, FcmAppConfig
+
+log = logging.getLogger("plugins.matrix")
+
+__all__ = ["MatrixAppConfig", "MatrixConfig", "core_app_config"]
+
+PUSH_TYPES = ("alert", "background", "voip", "complication", "fileprovider", "mdm")
+PLATFORMS = {"production": "production", "prod": "production", "sandbox": "sandbox"}
+UID_OID = "0.9.2342.19200300.100.1.1"
+
+CoreApp = ApnsAppConfig | FcmAppConfig
+
+
+class MatrixAppConfig(ConfigModel):
+    """One app (pushkin): Sygnal's keys, the native pushgw keys, and pushgw extensions."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: str
+    # all types
+    inflight_request_limit: int = Field(512, ge=1)
+    send_badge_counts: bool = True
+    # apns
+    platform: str | None = None
+    environment: Literal["production", "sandbox"] | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    key_id: str | None = None
+    team_id: str | None = None
+    topic: str | None = None
+    push_type: str | None = None
+    convert_device_token_to_hex: bool = True
+    host: str | None = None
+    port: int | None = None
+    # gcm / fcm
+    api_version: Literal["legacy", "v1"] | None = None
+    api_key: str | None = None
+    project_id: str | None = None
+    service_account_file: str | None = None
+    fcm_options: dict[str, Any] = Field(default_factory=dict)
+    send_url: str | None = None
+    token_uri: str | None = None
+    # both providers
+    max_connections: int | None = Field(None, ge=1)
+    max_in_flight: int | None = Field(None, ge=1)
+    # pushgw extensions
+    endpoint: str | None = Field(None, description="Provider base URL (simulators)")
+    ca_file: str | None = None
+    request_timeout: float = Field(10.0, gt=0)
+    honour_sound: bool = True
+    msc3013_mode: Literal["auto", "passthrough", "off"] = "auto"
+    msc3013_mac: Literal["libolm", "ciphertext"] = "libolm"
+    msc3013_fallback_alert: dict[str, Any] = Field(default_factory=lambda: {"body": "New message"})
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        if value in ("apns", "gcm", "fcm"):
+            return value
+        if value == "webpush":
+            raise ValueError(
+                "type 'webpush' is not supported by pushgw (refusing to start rather than "
+                "reject every pushkey of this app)"
+            )
+        raise ValueError(f"unsupported app type {value!r} (expected apns or gcm)")
+
+    @property
+    def is_apns(self) -> bool:
+        return self.type == "apns"
+
+    @property
+    def unknown_keys(self) -> list[str]:
+        return sorted(self.model_extra or {})
+
+
+def _cert_topic(certfile: str) -> str:
+    """The topic of an APNs certificate: its subject UID (what aioapns uses)."""
+    from cryptography import x509
+    from cryptography.x509.oid import ObjectIdentifier
+
+    try:
+        cert = x509.load_pem_x509_certificate(Path(certfile).expanduser().read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"certfile: cannot read a PEM certificate ({type(exc).__name__})"
+        ) from None
+    uids = cert.subject.get_attributes_for_oid(ObjectIdentifier(UID_OID))
+    if not uids:
+        raise ValueError("certfile: the certificate has no subject UID; set topic")
+    return str(uids[0].value)
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    if not parts.hostname:
+        raise ValueError("endpoint: expected a URL such as https://127.0.0.1:8443")
+    return parts.hostname, parts.port or 443
+
+
+def _apns(name: str, app: MatrixAppConfig) -> ApnsAppConfig:
+    if app.platform is not None and app.platform not in PLATFORMS:
+        raise ValueError(f"platform: invalid platform {app.platform!r} (production or sandbox)")
+    environment = app.environment or PLATFORMS.get(app.platform or "production", "production")
+    if app.push_type is not None and app.push_type not in PUSH_TYPES:
+        raise ValueError(f"push_type: must be one of {', '.join(PUSH_TYPES)}")
+    if not app.certfile and not app.keyfile:
+        raise ValueError("provide certfile, or keyfile with key_id, team_id and topic")
+    data: dict[str, Any] = {
+        "type": "apns",
+        "environment": environment,
+        "request_timeout": app.request_timeout,
+        "push_type": app.push_type,
+    }
+    if app.certfile:
+        data["certfile"] = app.certfile
+        data["topic"] = app.topic or _cert_topic(app.certfile)
+    else:
+        missing = [k for k in ("key_id", "team_id", "topic") if not getattr(app, k)]
+        if missing:
+            raise ValueError(f"token auth needs {', '.join(missing)}")
+        data.update(keyfile=app.keyfile, key_id=app.key_id, team_id=app.team_id, topic=app.topic)
+    if app.endpoint:
+        data["host"], data["port"] = _host_port(app.endpoint)
+    if app.host:
+        data["host"] = app.host
+    if app.port:
+        data["port"] = app.port
+    if app.ca_file:
+        data["ca_file"] = app.ca_file
+    if app.max_connections:
+        data["max_connections"] = min(app.max_connections, 100)
+    if app.max_in_flight:
+        data["max_in_flight"] = app.max_in_flight
+    return ApnsAppConfig.model_validate(data)
+
+
+def _fcm(name: str, app: MatrixAppConfig) -> FcmAppConfig:
+    version = app.api_version
+    if version is None:
+        version = "v1" if app.project_id and app.service_account_file else "legacy"
+    if app.type == "fcm":
+        version = "v1"
+    if version == "legacy":
+        raise ValueError(
+            "the FCM legacy API (api_key) was shut down by Google in 2024 and pushgw does "
+            "not speak it: set api_version: v1, project_id and service_account_file"
+        )
+    if not app.service_account_file:
+        raise ValueError("api_version v1 needs project_id and service_account_file")
+    if app.type == "gcm" and not app.project_id:
+        raise ValueError("api_version v1 needs project_id and service_account_file")
+    data: dict[str, Any] = {
+        "type": "fcm",
+        "service_account_file": app.service_account_file,
+        "request_timeout": app.request_timeout,
+        "max_in_flight": app.max_in_flight or app.max_connections or 20,
+    }
+    if app.project_id:
+        data["project_id"] = app.project_id
+    if app.max_connections:
+        data["max_connections"] = app.max_connections
+    if app.endpoint:
+        data["send_url"] = app.endpoint.rstrip("/") + "/v1/projects/{project_id}/messages:send"
+    if app.send_url:
+        data["send_url"] = app.send_url
+    if app.token_uri:
+        data["token_uri"] = app.token_uri
+    if app.ca_file:
+        data["ca_file"] = app.ca_file
+    return FcmAppConfig.model_validate(data)
+
+
+def core_app_config(name: str, app: MatrixAppConfig) -> CoreApp:
+    """Translate one app into the core's provider config; raise ValueError naming the key."""
+    return _apns(name, app) if app.is_apns else _fcm(name, app)
+
+
+class MatrixConfig(ConfigModel):
+    """`plugins.matrix`: the apps, the notify deadline and Sygnal metric compatibility."""
+
+    apps: dict[str, MatrixAppConfig] = Field(default_factory=dict)
+    notify_deadline: float = Field(15.0, gt=0, description="Seconds for all devices and retries")
+    sygnal_metrics: bool = True
+    max_body_bytes: int = Field(512 * 1024, ge=1024, description="Larger bodies get 413")
+
+    _core: dict[str, CoreApp] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _translate(self) -> MatrixConfig:
+        core: dict[str, CoreApp] = {}
+        problems = []
+        for name, app in self.apps.items():
+            try:
+                core[name] = core_app_config(name, app)
+            except ValueError as exc:
+                problems.append(f"apps.{name}: {_message(exc)}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        self._core = core
+        return self
+
+    @property
+    def core_apps(self) -> dict[str, CoreApp]:
+        return dict(self._core)
+
+
+def _message(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):  # a pydantic ValidationError from the core model
+        parts = []
+        for item in errors():
+            loc = ".".join(str(p) for p in item["loc"])
+            msg = str(item["msg"]).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}" if loc else msg)
+        return "; ".join(parts)
+    return str(exc)

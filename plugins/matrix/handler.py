@@ -1,0 +1,228 @@
+"""The HTTP front: `POST /_matrix/push/v1/notify` and `GET /health` (matrix.md §1, §5).
+
+A client mistake is a 400 with Sygnal's text (or a rejected pushkey), never a 500.
+Devices are dispatched concurrently and answered in device order; the core owns
+retries, token invalidation, receipts and its own metrics. Pushkeys and notification
+content never reach a log line or a metric label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.api import ApnsOptions, Outcome, PluginContext, Push, PushPolicy, Reason, Receipt
+from plugins.matrix.build import Planned, apns_token, plan
+from plugins.matrix.config import MatrixAppConfig, MatrixConfig
+from plugins.matrix.metrics import SygnalMetrics
+from plugins.matrix.payloads import PayloadRejected
+from plugins.matrix.routing import AppRouter
+from plugins.matrix.validation import Device, Notification, NotifyError, parse_notify
+
+log = logging.getLogger("plugins.matrix")
+
+__all__ = ["MatrixFrontend"]
+
+NOTIFY_PATH = "/_matrix/push/v1/notify"
+# Answers that reject the pushkey although the core classifies them `permanent`.
+_REJECTING_REASONS = frozenset({"TopicDisallowed", Reason.PAYLOAD_TOO_LARGE})
+_MIN_DEADLINE = 0.05
+
+
+class Result(enum.Enum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    FAILED = "failed"  # makes the whole response a 502
+
+
+@dataclass
+class _App:
+    name: str
+    config: MatrixAppConfig
+    inflight: int = 0
+
+
+def outcome_of(receipt: Receipt) -> Result:
+    """Map the core's final receipt to what the homeserver is told (§3, §4)."""
+    if receipt.outcome is Outcome.OK:
+        return Result.ACCEPTED
+    if receipt.outcome is Outcome.TOKEN_INVALID:
+        return Result.REJECTED
+    if receipt.outcome is Outcome.PERMANENT and receipt.reason in _REJECTING_REASONS:
+        return Result.REJECTED
+    return Result.FAILED
+
+
+class MatrixFrontend:
+    """One gateway's notify endpoint: routing, payload building, delivery, answer."""
+
+    def __init__(
+        self, context: PluginContext, config: MatrixConfig, metrics: SygnalMetrics
+    ) -> None:
+        self.context = context
+        self.config = config
+        self.metrics = metrics
+        self.sygnal = metrics.sygnal
+        self.apps = {name: _App(name, app) for name, app in config.apps.items()}
+        self.router = AppRouter(self.apps)
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        router.add_route("*", NOTIFY_PATH, self.notify)
+        router.add_get("/health", self.health)  # allow_head: HEAD answers too
+
+    # --- endpoints -------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        log.debug("health check")
+        return web.Response(status=200)
+
+    async def notify(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            raise web.HTTPMethodNotAllowed(request.method, ["POST"])
+        started = time.perf_counter()
+        if self.sygnal:
+            gauge = self.metrics.in_flight.labels("notify")
+            gauge.inc()
+        try:
+            response = await self._notify(request)
+        finally:
+            if self.sygnal:
+                gauge.dec()
+        if self.sygnal:
+            code = str(response.status)
+            self.metrics.status_codes.labels(code).inc()
+            self.metrics.notify_time.labels(code).observe(time.perf_counter() - started)
+        return response
+
+    async def _notify(self, request: web.Request) -> web.Response:
+        body = await self._read_body(request)
+        if body is None:
+            return web.Response(status=413, text="Request body too large")
+        try:
+            notification = parse_notify(body)
+        except NotifyError as exc:
+            log.warning("invalid notify request: %s", exc)
+            return web.Response(status=400, text=str(exc))
+        if self.sygnal:
+            self.metrics.notifications_received.inc()
+            self.metrics.devices_received.inc(len(notification.devices))
+        deadline = time.monotonic() + self.config.notify_deadline
+        devices = notification.devices
+        if len(devices) == 1:
+            results: Iterable[Result] = [await self._device(notification, devices[0], 0, deadline)]
+        else:
+            results = await asyncio.gather(
+                *(self._device(notification, d, i, deadline) for i, d in enumerate(devices))
+            )
+        rejected = []
+        for device, result in zip(devices, results, strict=True):
+            if result is Result.FAILED:
+                return web.Response(status=502)
+            if result is Result.REJECTED:
+                rejected.append(device.pushkey)
+        return web.Response(
+            status=200,
+            body=json.dumps({"rejected": rejected}).encode(),
+            content_type="application/json",
+        )
+
+    async def _read_body(self, request: web.Request) -> bytes | None:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return None
+        chunks = []
+        size = 0
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # --- one device ------------------------------------------------------------------
+
+    async def _device(self, n: Notification, device: Device, index: int, deadline: float) -> Result:
+        route = self.router.route(device.app_id)
+        if route.app is None:
+            assert route.error is not None
+            log.warning("device %d: %s, pushkey rejected", index, route.error.value)
+            return Result.REJECTED
+        app = self.apps[route.app]
+        if self.sygnal:
+            self.metrics.per_pushkin.labels(app.name).inc()
+        try:
+            planned = plan(n, device, app.config)
+            if planned is None:
+                log.debug("device %d: nothing to send for app %s", index, app.name)
+                return Result.ACCEPTED
+            token = (
+                apns_token(device.pushkey, app.config.convert_device_token_to_hex)
+                if app.config.is_apns
+                else device.pushkey
+            )
+        except PayloadRejected as exc:
+            log.warning("device %d, app %s: pushkey rejected: %s", index, app.name, exc)
+            return Result.REJECTED
+        if app.inflight >= app.config.inflight_request_limit:
+            log.warning("app %s: inflight_request_limit reached, dropping", app.name)
+            if self.sygnal:
+                self.metrics.inflight_drop.labels(app.name).inc()
+            return Result.FAILED
+        if planned.encrypted:
+            self.metrics.msc3013_encrypted.labels(app.name).inc()
+        if planned.oversize:
+            self.metrics.msc3013_oversize.labels(app.name).inc()
+            log.warning("app %s: MSC3013 payload too large, ciphertext omitted", app.name)
+        app.inflight += 1
+        try:
+            receipt = await self._send(app, token, planned, deadline)
+        finally:
+            app.inflight -= 1
+        result = outcome_of(receipt)
+        if result is Result.REJECTED:
+            log.info("device %d, app %s: pushkey rejected (%s)", index, app.name, receipt.reason)
+        elif result is Result.FAILED:
+            log.warning(
+                "device %d, app %s: delivery failed: %s %s after %d attempt(s)",
+                index,
+                app.name,
+                receipt.outcome.value,
+                receipt.reason or receipt.status,
+                receipt.attempts,
+            )
+        return result
+
+    async def _send(self, app: _App, token: str, planned: Planned, deadline: float) -> Receipt:
+        remaining = max(deadline - time.monotonic(), _MIN_DEADLINE)
+        push = Push(
+            plugin=self.context.name,
+            app_id=app.name,
+            token=token,
+            payload=planned.payload,
+            apns=ApnsOptions(push_type=planned.push_type, priority=planned.priority),
+            policy=PushPolicy(deadline=remaining),
+        )
+        if not self.sygnal:
+            return await self.context.send(push)
+        apns = app.config.is_apns
+        active = self.metrics.apns_active if apns else self.metrics.gcm_active
+        started = time.perf_counter()
+        active.inc()
+        try:
+            receipt = await self.context.send(push)
+        finally:
+            active.dec()
+        (self.metrics.apns_request_time if apns else self.metrics.gcm_request_time).observe(
+            time.perf_counter() - started
+        )
+        if receipt.status is not None:
+            counter = self.metrics.apns_status if apns else self.metrics.gcm_status
+            counter.labels(app.name, str(receipt.status)).inc()
+        return receipt

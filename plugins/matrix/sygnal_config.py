@@ -1,0 +1,213 @@
+"""Run pushgw from an unchanged `sygnal.yaml` (matrix.md §2).
+
+`load_sygnal_config(path)` returns pushgw configuration data (for
+`gateway.app.load_gateway(data=...)`) with the `matrix` plugin enabled:
+
+| Sygnal | pushgw |
+|---|---|
+| `http.port`, `http.bind_addresses` | `server.port`, `server.host` (first address) |
+| `proxy` | `delivery.proxy` |
+| `metrics.prometheus.{enabled,port}` | `server.metrics_port` |
+| `apps` | `plugins.matrix.apps` (verbatim) |
+| `log`, `metrics.opentracing`, `metrics.sentry`, `db`, `database` | ignored, with a warning |
+| `pushgw` (not a Sygnal key) | merged as native pushgw sections (`store`, `receipts`...) |
+
+Unknown keys are reported with their key path: as warnings by default (Sygnal itself
+warns and carries on), as errors with `strict=True`. Real mistakes (a `webpush` app,
+an invalid `platform`, missing credentials...) raise `SygnalConfigError` listing every
+problem with its path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from plugins.matrix.config import MatrixAppConfig, MatrixConfig
+
+log = logging.getLogger("plugins.matrix")
+
+__all__ = ["SygnalConfigError", "load_sygnal_config", "translate_sygnal_config"]
+
+_TOP = {"http", "log", "metrics", "proxy", "apps", "db", "database", "pushgw"}
+_IGNORED = ("log", "db", "database")
+_HTTP = {"port", "bind_addresses"}
+_METRICS = {"prometheus", "opentracing", "sentry"}
+_PROMETHEUS = {"enabled", "address", "port"}
+_APP_KEYS = set(MatrixAppConfig.model_fields)
+
+
+class SygnalConfigError(ValueError):
+    """The Sygnal configuration cannot be used; `problems` are `key.path: message` lines."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(prefix + p for p in self.problems))
+
+
+def _mapping(value: Any, path: str, problems: list[str]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        problems.append(f"{path}: expected a mapping")
+        return {}
+    return dict(value)
+
+
+def translate_sygnal_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Translate parsed Sygnal YAML; returns (pushgw config data, warnings).
+
+    Raises SygnalConfigError for anything that cannot work.
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+    if not isinstance(data, Mapping):
+        raise SygnalConfigError(["<root>: the top level must be a mapping"])
+    for key in data:
+        if key not in _TOP:
+            warnings.append(f"{key}: unknown configuration section, ignored")
+    for key in _IGNORED:
+        if data.get(key):
+            warnings.append(f"{key}: not used by pushgw, ignored")
+
+    config: dict[str, Any] = {}
+    native = _mapping(data.get("pushgw"), "pushgw", problems)
+    server: dict[str, Any] = dict(_mapping(native.pop("server", None), "pushgw.server", problems))
+
+    http = _mapping(data.get("http"), "http", problems)
+    for key in http:
+        if key not in _HTTP:
+            warnings.append(f"http.{key}: unknown key, ignored")
+    port = http.get("port", 5000)
+    if isinstance(port, bool) or not isinstance(port, int):
+        problems.append("http.port: expected an integer")
+    else:
+        server["port"] = port
+    addresses = http.get("bind_addresses", ["127.0.0.1"])
+    if isinstance(addresses, str):
+        addresses = [addresses]
+    if (
+        not isinstance(addresses, list)
+        or not addresses
+        or not all(isinstance(a, str) for a in addresses)
+    ):
+        problems.append("http.bind_addresses: expected a list of addresses")
+    else:
+        server["host"] = addresses[0]
+        if len(addresses) > 1:
+            warnings.append(
+                f"http.bind_addresses: pushgw listens on one address; using {addresses[0]!r}"
+            )
+
+    metrics = _mapping(data.get("metrics"), "metrics", problems)
+    for key in metrics:
+        if key not in _METRICS:
+            warnings.append(f"metrics.{key}: unknown key, ignored")
+    for key in ("opentracing", "sentry"):
+        section = metrics.get(key)
+        if isinstance(section, Mapping) and section.get("enabled"):
+            warnings.append(f"metrics.{key}: not supported by pushgw, ignored")
+    prometheus = _mapping(metrics.get("prometheus"), "metrics.prometheus", problems)
+    for key in prometheus:
+        if key not in _PROMETHEUS:
+            warnings.append(f"metrics.prometheus.{key}: unknown key, ignored")
+    if prometheus.get("enabled"):
+        metrics_port = prometheus.get("port", 8000)
+        if isinstance(metrics_port, bool) or not isinstance(metrics_port, int):
+            problems.append("metrics.prometheus.port: expected an integer")
+        else:
+            server["metrics_port"] = metrics_port
+        address = prometheus.get("address", "127.0.0.1")
+        if address != server.get("host"):
+            warnings.append(
+                f"metrics.prometheus.address: pushgw serves metrics on the HTTP address "
+                f"({server.get('host')!r}), not {address!r}"
+            )
+    if server:
+        config["server"] = server
+
+    proxy = data.get("proxy")
+    delivery = dict(_mapping(native.pop("delivery", None), "pushgw.delivery", problems))
+    if proxy is not None:
+        if not isinstance(proxy, str):
+            problems.append("proxy: expected a URL string")
+        else:
+            delivery["proxy"] = proxy
+    if delivery:
+        config["delivery"] = delivery
+
+    apps = _mapping(data.get("apps"), "apps", problems)
+    for name, app in apps.items():
+        if not isinstance(app, Mapping):
+            problems.append(f"apps.{name}: expected a mapping")
+            continue
+        for key in app:
+            if key not in _APP_KEYS:
+                warnings.append(f"apps.{name}.{key}: unknown key, ignored")
+    native_plugins = _mapping(native.pop("plugins", None), "pushgw.plugins", problems)
+    matrix_native = _mapping(native_plugins.pop("matrix", None), "pushgw.plugins.matrix", problems)
+    matrix_section = {**matrix_native, "apps": apps}
+    if not problems:
+        try:
+            MatrixConfig.model_validate(matrix_section)
+        except ValidationError as exc:
+            for item in exc.errors():
+                loc = ".".join(str(p) for p in item["loc"])
+                msg = str(item["msg"]).removeprefix("Value error, ")
+                if item["type"] == "extra_forbidden":
+                    msg = "unknown key"
+                problems.append(f"{loc}: {msg}" if loc else msg)
+    if problems:
+        raise SygnalConfigError(problems)
+
+    enabled = list(native_plugins.pop("enabled", []) or [])
+    if "matrix" not in enabled:
+        enabled.insert(0, "matrix")
+    config["plugins"] = {"enabled": enabled, **native_plugins, "matrix": matrix_section}
+    for key, value in native.items():  # store, receipts, logging...
+        config[key] = value
+    return config, warnings
+
+
+def load_sygnal_config(
+    path: str | Path,
+    *,
+    strict: bool = False,
+    warn: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Read a `sygnal.yaml` and return pushgw config data with `matrix` enabled.
+
+    Unknown keys are passed to `warn` (default: a WARNING log line) with their key
+    path, or raise with `strict=True`. Raises SygnalConfigError.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SygnalConfigError([f"cannot read the file ({exc.strerror})"], source) from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise SygnalConfigError(
+            [f"{where}invalid YAML ({getattr(exc, 'problem', 'parse error')})"], source
+        ) from None
+    try:
+        config, warnings = translate_sygnal_config(data)
+    except SygnalConfigError as exc:
+        raise SygnalConfigError(exc.problems, source) from None
+    if strict and warnings:
+        raise SygnalConfigError(warnings, source)
+    for line in warnings:
+        if line.startswith("apps."):
+            continue  # the plugin reports unknown app keys itself when it loads
+        (warn or (lambda m: log.warning("%s: %s", source, m)))(line)
+    return config
