@@ -29,3 +29,14 @@ VECTOR_NOW = 1767225600
 def server_key() -> ServerKey:
     """The Marmot vectors' server key 0x11..11 (odd-Y public key)."""
     return ServerKey(bytes.fromhex(MARMOT["derived"]["token_encryption"]["inputs"]["server_sk"]))
+
+
+@pytest.fixture(scope="session")
+def nostr_relay(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One real nostr-relay process for the session (tests isolate by using fresh server keys)."""
+    from .helpers import NostrRelayProcess
+
+    relay = NostrRelayProcess(tmp_path_factory.mktemp("nostr-relay"))
+    relay.start()
+    yield relay
+    relay.stop()

@@ -1,0 +1,182 @@
+"""Kind-10050 inbox relay list (NIP-17), published at start only when it changed (spec section 10).
+
+The server queries every inbox and publish relay for its newest kind-10050 event
+(``{"kinds":[10050],"authors":[pk]}``, greatest ``created_at`` over all relays), compares the
+normalized ``relay`` tag set with ``inbox_relays`` and, only if they differ, publishes a new list to
+the inbox and publish relays. Each relay gets its own short-lived connection; NIP-42 challenges are
+answered with the server key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from plugins.marmot.config import normalize_relay_url
+from plugins.marmot.keys import ServerKey
+from plugins.marmot.nostr import Event, load_json, parse_event, sign_event, verify_signature
+from plugins.marmot.relay import auth_event, relay_label, safe_text
+
+__all__ = ["KIND_INBOX_RELAYS", "InboxResult", "ensure_inbox_list", "fetch_newest", "publish"]
+
+log = logging.getLogger("plugins.marmot.inbox")
+
+KIND_INBOX_RELAYS = 10050
+_ERRORS = (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, InvalidURI, ValueError)
+
+
+@dataclass
+class InboxResult:
+    """What :func:`ensure_inbox_list` did."""
+
+    queried: int = 0  # relays that answered the query (EOSE)
+    current: frozenset[str] | None = None  # normalized relay set of the newest list found
+    published: bool = False
+    accepted_by: list[str] = field(default_factory=list)  # relay labels that said OK true
+
+
+async def _recv(ws: ClientConnection, deadline: float) -> list[Any] | None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError
+    raw = await asyncio.wait_for(ws.recv(), remaining)
+    try:
+        msg = load_json(raw)
+    except ValueError:
+        return None
+    return msg if isinstance(msg, list) and msg and isinstance(msg[0], str) else None
+
+
+async def _answer_auth(ws: ClientConnection, key: ServerKey, url: str, msg: list[Any]) -> None:
+    if len(msg) >= 2 and isinstance(msg[1], str) and len(msg[1]) <= 1024:
+        event = auth_event(key, url, msg[1])
+        await ws.send(json.dumps(["AUTH", event.to_dict()], separators=(",", ":")))
+
+
+async def fetch_newest(url: str, key: ServerKey, timeout: float = 10.0) -> Event | bool | None:
+    """Newest valid kind-10050 event by ``key`` on one relay; None if none; False on failure."""
+    sub = secrets.token_hex(8)
+    flt = {"kinds": [KIND_INBOX_RELAYS], "authors": [key.pubkey_hex], "limit": 5}
+    deadline = time.monotonic() + timeout
+    newest: Event | None = None
+    try:
+        async with connect(url, open_timeout=timeout, close_timeout=1.0) as ws:
+            await ws.send(json.dumps(["REQ", sub, flt], separators=(",", ":")))
+            while True:
+                msg = await _recv(ws, deadline)
+                if msg is None:
+                    continue
+                if msg[0] == "AUTH":
+                    await _answer_auth(ws, key, url, msg)
+                elif msg[0] == "EVENT" and len(msg) == 3 and msg[1] == sub:
+                    try:
+                        event = parse_event(msg[2])
+                    except ValueError:
+                        continue
+                    if (
+                        event.kind == KIND_INBOX_RELAYS
+                        and event.pubkey == key.pubkey_hex
+                        and verify_signature(event.pubkey, event.id, event.sig)
+                        and (newest is None or event.created_at > newest.created_at)
+                    ):
+                        newest = event
+                elif msg[0] == "EOSE" and len(msg) >= 2 and msg[1] == sub:
+                    with contextlib.suppress(*_ERRORS):
+                        await ws.send(json.dumps(["CLOSE", sub]))
+                    return newest
+                elif msg[0] == "CLOSED" and len(msg) >= 2 and msg[1] == sub:
+                    log.info(
+                        "relay %s refused the 10050 query: %s",
+                        relay_label(url),
+                        safe_text(msg[2] if len(msg) > 2 else ""),
+                    )
+                    return False
+    except _ERRORS as exc:
+        log.info("relay %s: 10050 query failed (%s)", relay_label(url), type(exc).__name__)
+        return False
+
+
+async def publish(url: str, event: Event, key: ServerKey, timeout: float = 10.0) -> bool:
+    """Send ``event`` to one relay and wait for its OK (answering an AUTH challenge once)."""
+    deadline = time.monotonic() + timeout
+    frame = json.dumps(["EVENT", event.to_dict()], separators=(",", ":"), ensure_ascii=False)
+    authed = False
+    try:
+        async with connect(url, open_timeout=timeout, close_timeout=1.0) as ws:
+            await ws.send(frame)
+            while True:
+                msg = await _recv(ws, deadline)
+                if msg is None:
+                    continue
+                if msg[0] == "AUTH":
+                    await _answer_auth(ws, key, url, msg)
+                    authed = True
+                elif msg[0] == "OK" and len(msg) >= 3 and msg[1] == event.id:
+                    if msg[2] is True:
+                        return True
+                    reason = msg[3] if len(msg) > 3 and isinstance(msg[3], str) else ""
+                    if reason.startswith("auth-required:") and authed:
+                        await ws.send(frame)  # NIP-42: retry once authenticated
+                        authed = False
+                        continue
+                    log.warning(
+                        "relay %s refused the 10050 list: %s", relay_label(url), safe_text(reason)
+                    )
+                    return False
+    except _ERRORS as exc:
+        log.info("relay %s: 10050 publish failed (%s)", relay_label(url), type(exc).__name__)
+        return False
+
+
+def relay_set(urls: Iterable[str]) -> frozenset[str]:
+    return frozenset(normalize_relay_url(u) for u in urls)
+
+
+def inbox_event(key: ServerKey, inbox_relays: Sequence[str], now: int | None = None) -> Event:
+    """The kind-10050 event: one ``relay`` tag per inbox relay, empty content."""
+    return sign_event(key, KIND_INBOX_RELAYS, "", [["relay", u] for u in inbox_relays], now)
+
+
+async def ensure_inbox_list(
+    key: ServerKey,
+    inbox_relays: Sequence[str],
+    publish_relays: Sequence[str] = (),
+    *,
+    timeout: float = 10.0,
+) -> InboxResult:
+    """Query, compare, publish if changed. Raises nothing; see :class:`InboxResult`."""
+    targets = list(dict.fromkeys([*inbox_relays, *publish_relays]))
+    result = InboxResult()
+    answers = await asyncio.gather(*(fetch_newest(u, key, timeout) for u in targets))
+    newest: Event | None = None
+    for answer in answers:
+        if answer is False:
+            continue
+        result.queried += 1
+        if isinstance(answer, Event) and (newest is None or answer.created_at > newest.created_at):
+            newest = answer
+    if result.queried == 0:
+        return result  # nobody answered: try again later rather than publish blindly
+    wanted = relay_set(inbox_relays)
+    if newest is not None:
+        result.current = relay_set(t[1] for t in newest.tags if len(t) >= 2 and t[0] == "relay")
+        if result.current == wanted:
+            return result
+    created_at = int(time.time())
+    if newest is not None and created_at <= newest.created_at:
+        created_at = newest.created_at + 1  # replaceable: must be newer than what relays hold
+    event = inbox_event(key, inbox_relays, created_at)
+    oks = await asyncio.gather(*(publish(u, event, key, timeout) for u in targets))
+    result.accepted_by = [relay_label(u) for u, ok in zip(targets, oks, strict=True) if ok]
+    result.published = bool(result.accepted_by)
+    return result

@@ -1,0 +1,433 @@
+"""Nostr relay client: one long-lived subscription per inbox relay (spec section 10).
+
+Each :class:`RelayClient` keeps ``["REQ", id, {"kinds":[1059],"#p":[server],"since":S}]`` open on
+one relay, reconnecting with exponential backoff and jitter. ``since`` covers the NIP-59 timestamp
+window: wraps carry a ``created_at`` randomized up to 172,800 s into the past, so after a
+disconnect at ``D`` the subscription asks for ``max(D, now - max_age) - 172800 - max_future_skew``
+and gets back everything sent while it was away. The resulting duplicates are cheap: the service's
+seen-wrap cache skips them before any cryptography, and content dedup catches re-wrapped copies.
+
+``D`` is when the client noticed the loss. A silently dead connection is noticed by the ping within
+``ping_interval`` + the ping timeout (about 50 s), well inside ``max_future_skew`` (300 s), so
+triggers sent during that blind spot are still inside the window.
+
+Message handling: ``EVENT`` goes to the sink; ``EOSE`` marks the relay live; ``CLOSED`` resubscribes
+with backoff (``auth-required:`` first answers the relay's NIP-42 challenge); ``NOTICE`` is logged,
+truncated and escaped; ``AUTH`` challenges are answered at once with a kind-22242 event signed by
+the server key (inbox relays commonly restrict kind-1059 reads to the tagged key); ``OK`` answers
+to our AUTH are matched by event id. Nothing is ever sent in reply to an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from plugins.marmot.keys import ServerKey
+from plugins.marmot.nostr import KIND_GIFT_WRAP, NIP59_TIME_WINDOW, Event, load_json, sign_event
+
+__all__ = [
+    "KIND_AUTH",
+    "RelayClient",
+    "RelaySettings",
+    "RelaySink",
+    "RelayState",
+    "auth_event",
+    "relay_label",
+    "safe_text",
+]
+
+log = logging.getLogger("plugins.marmot.relay")
+
+KIND_AUTH = 22242
+_NOTICE_MAX = 200
+_AUTH_REQUIRED = "auth-required:"
+
+
+class RelayState(StrEnum):
+    """Where a relay connection is (label of ``pushgw_marmot_relay_state``)."""
+
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    SUBSCRIBED = "subscribed"  # REQ sent, stored events arriving
+    LIVE = "live"  # EOSE received: new events arrive as they are published
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+
+
+def relay_label(url: str) -> str:
+    """``scheme://host[:port]`` of a relay URL: safe as a metric label and in logs.
+
+    The path and query are left out because paid relays put access tokens there.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme.lower()}://{host.lower()}{port}"
+
+
+def safe_text(value: object, limit: int = _NOTICE_MAX) -> str:
+    """Attacker-controlled text made safe for a log line: truncated, non-printables escaped."""
+    text = value if isinstance(value, str) else repr(value)
+    return text[:limit].encode("unicode_escape").decode("ascii")
+
+
+def auth_event(key: ServerKey, url: str, challenge: str, now: int | None = None) -> Event:
+    """NIP-42 authentication event: kind 22242, ``relay`` and ``challenge`` tags, empty content."""
+    return sign_event(key, KIND_AUTH, "", [["relay", url], ["challenge", challenge]], now)
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    """Connection behaviour shared by every relay client (from the plugin config)."""
+
+    max_event_bytes: int = 262_144
+    max_age: int = 3600
+    max_future_skew: int = 300
+    backfill_on_start: bool = False
+    ping_interval: float = 30.0
+    ping_timeout: float = 20.0
+    backoff_min: float = 1.0
+    backoff_max: float = 60.0
+    connect_timeout: float = 10.0
+    eose_timeout: float = 15.0
+    compression: bool = False
+
+    @property
+    def max_message_bytes(self) -> int:
+        """Websocket message limit: above it the library closes the connection, so keep it well
+        above ``max_event_bytes`` (oversize frames are then dropped one by one, not by reconnect
+        loops on the same stored event)."""
+        return 4 * self.max_event_bytes + 65_536
+
+
+class RelaySink(Protocol):
+    """Where a relay client delivers what it receives (the service)."""
+
+    def on_event(self, relay: RelayClient, event: Mapping[str, Any]) -> None: ...
+
+    def on_oversize(self, relay: RelayClient) -> None: ...
+
+    def on_malformed(self, relay: RelayClient) -> None: ...
+
+    def on_unrequested(self, relay: RelayClient) -> None: ...
+
+    def on_state(self, relay: RelayClient, old: RelayState, new: RelayState) -> None: ...
+
+
+class RelayClient:
+    """Keeps one subscription for gift wraps to ``pubkey_hex`` open on one relay."""
+
+    def __init__(
+        self,
+        url: str,
+        key: ServerKey,
+        sink: RelaySink,
+        settings: RelaySettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_message: Callable[[RelayClient, str], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.label = relay_label(url)
+        self.key = key
+        self.sink = sink
+        self.settings = settings
+        self.clock = clock
+        self.on_message = on_message
+        self.state = RelayState.IDLE
+        #: When the last live connection was lost (None: never connected in this process).
+        self.disconnect_at: float | None = None
+        self.first_attempt_at: float | None = None
+        self.connects = 0
+        self.failures = 0  # consecutive; reset on EOSE
+        self.events_received = 0
+        self.backfilled = 0  # events received before EOSE (stored ones)
+        self.unrequested = 0  # stored events sent although we asked for none (limit 0)
+        self.authenticated = False
+        self.last_since: int | None = None
+        self.last_filter: dict[str, Any] | None = None
+        self._sub_id = ""
+        self._ws: ClientConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._challenge: str | None = None
+        self._auth_pending: dict[str, asyncio.Future[bool]] = {}  # AUTH event id -> its OK
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._live_only = False
+        self._eose_timer: asyncio.TimerHandle | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.create_task(self._run(), name=f"marmot-relay {self.label}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        task, self._task = self._task, None
+        for side in list(self._side_tasks):
+            side.cancel()
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._ws.close(), 2.0)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._set_state(RelayState.STOPPED)
+
+    @property
+    def live(self) -> bool:
+        return self.state is RelayState.LIVE
+
+    def status(self) -> dict[str, Any]:
+        """Per-relay state for readiness reports (no ids, no keys)."""
+        return {
+            "state": self.state.value,
+            "connects": self.connects,
+            "consecutive_failures": self.failures,
+            "authenticated": self.authenticated,
+        }
+
+    def _set_state(self, state: RelayState) -> None:
+        old, self.state = self.state, state
+        if old is not state:
+            self.sink.on_state(self, old, state)
+
+    # -- subscription filter --------------------------------------------------------------------
+
+    def subscription_filter(self, now: float | None = None) -> dict[str, Any]:
+        """The REQ filter for the next subscription (spec section 10)."""
+        now = self.clock() if now is None else now
+        s = self.settings
+        flt: dict[str, Any] = {"kinds": [KIND_GIFT_WRAP], "#p": [self.key.pubkey_hex]}
+        disconnect = self.disconnect_at
+        if disconnect is None and self.connects == 0 and self.failures == 0:
+            if not s.backfill_on_start:
+                # first start: live only; a restart re-wakes nobody
+                flt["since"] = int(now) - NIP59_TIME_WINDOW
+                flt["limit"] = 0
+                return flt
+            disconnect = now
+        if disconnect is None:  # never connected, but attempts failed since the first one
+            disconnect = self.first_attempt_at if self.first_attempt_at is not None else now
+        since = max(disconnect, now - s.max_age) - NIP59_TIME_WINDOW - s.max_future_skew
+        flt["since"] = max(0, int(since))
+        return flt
+
+    # -- connection loop ------------------------------------------------------------------------
+
+    def _backoff(self) -> float:
+        s = self.settings
+        base = min(s.backoff_max, s.backoff_min * (2 ** max(0, self.failures - 1)))
+        return max(s.backoff_min, random.uniform(base / 2, base))
+
+    async def _run(self) -> None:
+        s = self.settings
+        while not self._stopping:
+            if self.first_attempt_at is None:
+                self.first_attempt_at = self.clock()
+            self._set_state(RelayState.CONNECTING)
+            was_live = False
+            try:
+                async with connect(
+                    self.url,
+                    max_size=s.max_message_bytes,
+                    ping_interval=s.ping_interval,
+                    ping_timeout=s.ping_timeout,
+                    open_timeout=s.connect_timeout,
+                    close_timeout=2.0,
+                    user_agent_header=None,
+                    compression="deflate" if s.compression else None,
+                ) as ws:
+                    self._ws = ws
+                    self._challenge = None
+                    self.authenticated = False
+                    self._auth_pending.clear()
+                    await self._subscribe()
+                    self.connects += 1
+                    async for message in ws:
+                        if isinstance(message, bytes):
+                            message = message.decode("utf-8", "replace")
+                        self._handle(message)
+                        was_live = was_live or self.state is RelayState.LIVE
+            except asyncio.CancelledError:
+                raise
+            except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, InvalidURI) as exc:
+                log.info("relay %s: connection lost (%s)", self.label, type(exc).__name__)
+            except Exception:  # a bug of ours must not end the listener
+                log.exception("relay %s: unexpected error; reconnecting", self.label)
+            finally:
+                self._ws = None
+                if self._eose_timer is not None:
+                    self._eose_timer.cancel()
+                    self._eose_timer = None
+                for side in list(self._side_tasks):
+                    side.cancel()
+            if self._stopping:
+                break
+            if was_live or self.state in (RelayState.LIVE, RelayState.SUBSCRIBED):
+                self.disconnect_at = self.clock()
+            self.failures += 1
+            self._set_state(RelayState.BACKOFF)
+            await asyncio.sleep(self._backoff())
+
+    async def _subscribe(self) -> None:
+        assert self._ws is not None
+        self._sub_id = secrets.token_hex(8)
+        flt = self.subscription_filter()
+        self.last_filter = flt
+        self.last_since = flt["since"]
+        self.backfilled = 0
+        self._live_only = flt.get("limit") == 0
+        await self._ws.send(json.dumps(["REQ", self._sub_id, flt], separators=(",", ":")))
+        self._set_state(RelayState.SUBSCRIBED)
+        if self._eose_timer is not None:
+            self._eose_timer.cancel()
+        self._eose_timer = asyncio.get_running_loop().call_later(
+            self.settings.eose_timeout, self._eose_timeout, self._sub_id
+        )
+
+    def _eose_timeout(self, sub_id: str) -> None:
+        self._eose_timer = None
+        if sub_id == self._sub_id and self.state is RelayState.SUBSCRIBED:
+            log.warning("relay %s sent no EOSE; treating the subscription as live", self.label)
+            self._mark_live()
+
+    def _mark_live(self) -> None:
+        if self._eose_timer is not None:
+            self._eose_timer.cancel()
+            self._eose_timer = None
+        self.failures = 0
+        self._set_state(RelayState.LIVE)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _send(self, message: list[Any]) -> None:
+        ws = self._ws
+        if ws is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(json.dumps(message, separators=(",", ":"), ensure_ascii=False))
+
+    async def _resubscribe_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._ws is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await self._subscribe()
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def _handle(self, text: str) -> None:
+        if self.on_message is not None:
+            self.on_message(self, text)
+        # Size first, before parsing: an EVENT frame is the event plus ["EVENT","<sub id>",...]
+        limit = self.settings.max_event_bytes + len(self._sub_id) + 16
+        if len(text) > limit or (not text.isascii() and len(text.encode("utf-8")) > limit):
+            if text.startswith('["EVENT"'):
+                self.sink.on_oversize(self)
+            else:
+                log.info("relay %s: oversize non-event message ignored", self.label)
+            return
+        try:
+            msg = load_json(text)
+        except ValueError:
+            self.sink.on_malformed(self)
+            return
+        if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
+            self.sink.on_malformed(self)
+            return
+        kind = msg[0]
+        if kind == "EVENT":
+            if len(msg) != 3 or msg[1] != self._sub_id:
+                return  # an old subscription's event, or garbage: not ours
+            if not isinstance(msg[2], dict):
+                self.sink.on_malformed(self)
+                return
+            self.events_received += 1
+            if self.state is RelayState.SUBSCRIBED:
+                if self._live_only:
+                    # Stored events although we asked for none ("limit":0; nostr-relay 1.14 reads
+                    # a limit of 0 as "no limit"). A first start must re-wake nobody: ignore them.
+                    self.unrequested += 1
+                    self.sink.on_unrequested(self)
+                    return
+                self.backfilled += 1
+            self.sink.on_event(self, msg[2])
+        elif kind == "EOSE":
+            if len(msg) >= 2 and msg[1] == self._sub_id:
+                self._mark_live()
+        elif kind == "CLOSED":
+            if len(msg) >= 2 and msg[1] == self._sub_id:
+                reason = msg[2] if len(msg) > 2 and isinstance(msg[2], str) else ""
+                self._on_closed(reason)
+        elif kind == "NOTICE":
+            log.info("relay %s NOTICE: %s", self.label, safe_text(msg[1] if len(msg) > 1 else ""))
+        elif kind == "AUTH":
+            if len(msg) >= 2 and isinstance(msg[1], str) and len(msg[1]) <= 1024:
+                self._challenge = msg[1]
+                self._authenticate(resubscribe=False)
+        elif kind == "OK" and len(msg) >= 3 and isinstance(msg[1], str):
+            fut = self._auth_pending.pop(msg[1], None)
+            if fut is not None and not fut.done():
+                accepted = msg[2] is True
+                if not accepted:
+                    detail = msg[3] if len(msg) > 3 else ""
+                    log.warning("relay %s refused our AUTH: %s", self.label, safe_text(detail))
+                fut.set_result(accepted)
+
+    def _on_closed(self, reason: str) -> None:
+        if self.state in (RelayState.LIVE, RelayState.SUBSCRIBED):
+            self.disconnect_at = self.clock()  # the live stream was interrupted here
+        self.failures += 1
+        self._set_state(RelayState.BACKOFF)
+        if reason.startswith(_AUTH_REQUIRED) and self._challenge is not None:
+            log.info("relay %s requires authentication; answering its challenge", self.label)
+            self._authenticate(resubscribe=True)
+            return
+        log.info("relay %s closed the subscription: %s", self.label, safe_text(reason))
+        self._spawn(self._resubscribe_later(self._backoff()))
+
+    def _authenticate(self, *, resubscribe: bool) -> None:
+        self._spawn(self._auth_flow(resubscribe))
+
+    async def _auth_flow(self, resubscribe: bool) -> None:
+        assert self._challenge is not None
+        event = auth_event(self.key, self.url, self._challenge)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        earlier = self._auth_pending.get(event.id)
+        if earlier is not None:
+            fut = earlier  # the same AUTH is already waiting for its OK: share it
+        self._auth_pending[event.id] = fut
+        await self._send(["AUTH", event.to_dict()])
+        try:
+            # Some relays never answer AUTH with OK: after a while, assume it worked.
+            accepted = await asyncio.wait_for(fut, 5.0)
+        except TimeoutError:
+            accepted = True
+        finally:
+            # Two AUTHs for one challenge within a second are the same event: pop only ours.
+            if self._auth_pending.get(event.id) is fut:
+                del self._auth_pending[event.id]
+        self.authenticated = self.authenticated or accepted
+        if resubscribe:
+            await self._resubscribe_later(0 if accepted else self._backoff())

@@ -1,0 +1,489 @@
+"""The Marmot notification-server pipeline: relay events in, content-free wake-up pushes out.
+
+Per relay event (spec sections 5, 7, 8 and 9), in this order:
+
+1. frame size (in :mod:`plugins.marmot.relay`, before parsing);
+2. seen-wrap cache: a wrap id already verified in this process is skipped without any crypto;
+3. global pre-unwrap limiter, then the bounded input queue (full: drop);
+4. unwrap (checks 1-8) and trigger parsing (check 9), in a worker thread;
+5. content dedup on ``SHA-256(decoded content)``, inserted before any chunk work;
+6. per chunk: encrypted-token limiter, then decryption (worker thread), plaintext checks,
+   device-token limiter, at most one push per (platform, token) and trigger;
+7. ``dispatcher.submit(Push(...))`` with ``persist_token_hash=False``; the decrypted token is not
+   kept by the plugin once the push is handed over.
+
+Every drop is counted in ``pushgw_marmot_events_total{stage,result}``; nothing is ever answered on
+Nostr, written to disk, or logged with ids, tokens or content.
+
+Threads. Unwrapping a 32-chunk trigger costs about 2 ms of CPU (two NIP-44 decryptions of ~110 KB:
+base64, HMAC, ChaCha20, SHA-256 ids, JSON) and decrypting its 32 chunks another ~2 ms (32 ECDHs).
+The secp256k1 calls (coincurve/cffi) and SHA-256/HMAC over large buffers (hashlib, OpenSSL) release
+the GIL; base64 and JSON do not. Measured on the 2-core target (bench/marmot.py): a second crypto
+thread gave 0.8-1.4x the single-thread rate depending on what else ran, and cost ~15 % more CPU
+per trigger in GIL hand-offs, so it does not pay when the relay, the provider connections and other
+services share the two cores. Running the work on the event loop itself would stall relay pings and
+HTTP/2 provider streams for ~4 ms per trigger, back to back under load. Hence the default: one
+worker thread (``crypto_threads: 1``) for both CPU steps; 0 runs them inline, more is for hosts with
+idle cores. Every piece of shared state (caches, limiters, metrics) is touched only from the event
+loop and needs no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from gateway.api import ApnsOptions, Outcome, Push, PushPolicy, Receipt
+from plugins.marmot.config import MarmotConfig
+from plugins.marmot.errors import ChunkRejected, ChunkResult, Dropped
+from plugins.marmot.inbox import ensure_inbox_list, relay_set
+from plugins.marmot.keys import ServerKey
+from plugins.marmot.limits import KeyedLimiter, LruSet, TtlLru
+from plugins.marmot.metrics import MarmotMetrics
+from plugins.marmot.nostr import GiftUnwrapper
+from plugins.marmot.relay import RelayClient, RelaySettings, RelayState
+from plugins.marmot.tokens import DeviceToken, Platform, TokenDecryptor, TokenFormat
+from plugins.marmot.trigger import Trigger, parse_trigger
+
+__all__ = ["MarmotService", "Submit"]
+
+log = logging.getLogger("plugins.marmot")
+
+Submit = Callable[[Push], "asyncio.Future[Receipt]"]
+T = TypeVar("T")
+
+_APNS_SILENT = {"aps": {"content-available": 1}}
+_FCM_DATA = {"android": {"priority": "high"}, "data": {"content_available": "true"}}
+_PLATFORM_LABEL = {Platform.APNS: "apns", Platform.FCM: "fcm"}
+# Provider answers that mean the operator's configuration is wrong, not the token.
+_CONFIG_REASONS = frozenset(
+    {
+        "DeviceTokenNotForTopic",
+        "TopicDisallowed",
+        "BadTopic",
+        "BadCertificate",
+        "BadCertificateEnvironment",
+        "Forbidden",
+        "InvalidProviderToken",
+        "MissingTopic",
+        "SENDER_ID_MISMATCH",
+        "PERMISSION_DENIED",
+        "THIRD_PARTY_AUTH_ERROR",
+        "unknown_app",
+    }
+)
+_DEAD_REASONS = frozenset({"BadDeviceToken", "Unregistered", "ExpiredToken", "UNREGISTERED"})
+
+
+class MarmotService:
+    """The relay listener service (`pushgw_services`): relays, queue, workers, dispatch."""
+
+    name = "marmot"
+
+    def __init__(
+        self,
+        config: MarmotConfig,
+        metrics: MarmotMetrics,
+        submit: Submit,
+        *,
+        plugin_name: str = "marmot",
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        connect_relays: bool = True,
+    ) -> None:
+        self.config = config
+        self.connect_relays = connect_relays
+        self.metrics = metrics
+        self.submit = submit
+        self.plugin_name = plugin_name
+        self.clock = clock
+        key: ServerKey = config.server_key
+        self.pubkey_hex = key.pubkey_hex
+        self._key = key
+        self.unwrapper = GiftUnwrapper(
+            key,
+            max_event_bytes=config.max_event_bytes,
+            max_age=config.max_age,
+            max_future_skew=config.max_future_skew,
+            clock=clock,
+        )
+        self.decryptor = TokenDecryptor(key)
+        self.trigger_config = config.profiles.trigger_config()
+        size = config.cache_size
+        limits = config.rate_limits
+        self.seen = LruSet(size)
+        self.dedup = TtlLru(size, config.dedup_retention, monotonic)
+        self.global_limiter = KeyedLimiter(
+            limits.global_.per_minute, limits.global_.per_hour, 1, monotonic
+        )
+        self.encrypted_limiter = KeyedLimiter(
+            limits.encrypted_token.per_minute, limits.encrypted_token.per_hour, size, monotonic
+        )
+        self.device_limiter = KeyedLimiter(
+            limits.device_token.per_minute, limits.device_token.per_hour, size, monotonic
+        )
+        self.relay_settings = RelaySettings(
+            max_event_bytes=config.max_event_bytes,
+            max_age=config.max_age,
+            max_future_skew=config.max_future_skew,
+            backfill_on_start=config.backfill_on_start,
+            ping_interval=config.ping_interval,
+            ping_timeout=min(20.0, config.ping_interval),
+            backoff_min=config.backoff_min,
+            backoff_max=config.backoff_max,
+            connect_timeout=config.connect_timeout,
+            compression=config.ws_compression,
+        )
+        self.relays = [
+            RelayClient(url, key, self, self.relay_settings, clock=clock)
+            for url in config.inbox_relays
+        ]
+        self._apns = self._apns_options()
+        self._policy = PushPolicy(deadline=config.push_deadline, persist_token_hash=False)
+        self._queue: asyncio.Queue[Mapping[str, Any]] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._inflight_ids: dict[str, list[Mapping[str, Any]]] = {}
+        self._inflight = 0
+        self._inbox_task: asyncio.Task[None] | None = None
+        self._running = False
+        #: Outcome of the kind-10050 check, for tests and status (None: not done yet).
+        self.inbox_result: Any = None
+        self.triggers_accepted = 0
+        self.pushes_submitted = 0
+        self.pushes_finished = 0
+        # label children resolved once (prometheus_client's labels() costs ~10 us a call)
+        self._event_counters: dict[tuple[str, str], Any] = {}
+        self._chunk_counters: dict[tuple[str, str], Any] = {}
+        self._push_counters: dict[tuple[str, str], Any] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        cfg = self.config
+        self._queue = asyncio.Queue(cfg.queue_size)
+        if cfg.crypto_threads:
+            self._executor = ThreadPoolExecutor(cfg.crypto_threads, "marmot-crypto")
+        self._workers = [
+            asyncio.create_task(self._worker(), name=f"marmot-worker-{i}")
+            for i in range(cfg.concurrency)
+        ]
+        for relay in self.relays:
+            self._set_relay_gauge(relay, None, relay.state)
+            if self.connect_relays:
+                relay.start()
+        if cfg.publish_inbox_list and self.connect_relays:
+            self._inbox_task = asyncio.create_task(self._publish_inbox(), name="marmot-10050")
+        log.info(
+            "marmot: listening for gift wraps to %s on %d relay(s)",
+            self._key.npub,
+            len(self.relays),
+        )
+
+    async def stop(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        if self._inbox_task is not None:
+            self._inbox_task.cancel()
+            await asyncio.gather(self._inbox_task, return_exceptions=True)
+            self._inbox_task = None
+        await asyncio.gather(*(relay.stop() for relay in self.relays), return_exceptions=True)
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        self._queue = None
+
+    def ready(self) -> bool:
+        """Ready while at least one inbox relay has a live subscription."""
+        return self._running and any(r.live for r in self.relays)
+
+    def status(self) -> dict[str, Any]:
+        """Per-relay state (keyed by ``scheme://host[:port]``) and queue depth."""
+        return {
+            "ready": self.ready(),
+            "relays": {r.label: r.status() for r in self.relays},
+            "queued": self._queue.qsize() if self._queue is not None else 0,
+            "inflight": self._inflight,
+        }
+
+    async def wait_live(self, timeout: float = 10.0) -> None:
+        """Wait until every relay is live (tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while not all(r.live for r in self.relays):
+            if time.monotonic() > deadline:
+                raise TimeoutError("relays not live: " + repr(self.status()["relays"]))
+            await asyncio.sleep(0.02)
+
+    async def idle(self, timeout: float = 10.0) -> None:
+        """Wait until no event is queued or being processed (tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while (self._queue is not None and self._queue.qsize()) or self._inflight:
+            if time.monotonic() > deadline:
+                raise TimeoutError("marmot pipeline still busy")
+            await asyncio.sleep(0.005)
+
+    async def _publish_inbox(self) -> None:
+        cfg = self.config
+        wanted = relay_set(cfg.inbox_relays)
+        delay = cfg.backoff_min
+        for _attempt in range(6):
+            result = await ensure_inbox_list(self._key, cfg.inbox_relays, cfg.publish_relays)
+            self.inbox_result = result
+            if result.published:
+                self.metrics.inbox_published.inc()
+                log.info("marmot: published the kind-10050 inbox list to %s", result.accepted_by)
+                return
+            if result.queried and result.current == wanted:
+                return  # unchanged: nothing to publish
+            await asyncio.sleep(delay)
+            delay = min(cfg.backoff_max, delay * 2)
+        log.warning("marmot: could not check or publish the kind-10050 inbox list")
+
+    # -- relay sink (event loop) ---------------------------------------------------------------
+
+    def _count(self, stage: str, result: str) -> None:
+        counter = self._event_counters.get((stage, result))
+        if counter is None:
+            counter = self._event_counters[(stage, result)] = self.metrics.events.labels(
+                stage, result
+            )
+        counter.inc()
+
+    def _count_chunk(self, profile: str, result: str) -> None:
+        counter = self._chunk_counters.get((profile, result))
+        if counter is None:
+            counter = self._chunk_counters[(profile, result)] = self.metrics.chunks.labels(
+                profile, result
+            )
+        counter.inc()
+
+    def on_oversize(self, relay: RelayClient) -> None:
+        self._count("frame", "oversize")
+
+    def on_malformed(self, relay: RelayClient) -> None:
+        self._count("frame", "malformed")
+
+    def on_unrequested(self, relay: RelayClient) -> None:
+        self._count("frame", "unrequested_stored")
+
+    def on_state(self, relay: RelayClient, old: RelayState, new: RelayState) -> None:
+        self._set_relay_gauge(relay, old, new)
+        self.metrics.relays_connected.set(sum(1 for r in self.relays if r.live))
+        if new is RelayState.CONNECTING and old is RelayState.BACKOFF:
+            self.metrics.relay_reconnects.labels(relay.label).inc()
+        if new is RelayState.LIVE:
+            log.info("marmot: relay %s live", relay.label)
+
+    def _set_relay_gauge(self, relay: RelayClient, old: RelayState | None, new: RelayState) -> None:
+        if old is not None:
+            self.metrics.relay_state.labels(relay.label, old.value).set(0)
+        self.metrics.relay_state.labels(relay.label, new.value).set(1)
+
+    def on_event(self, relay: RelayClient, event: Mapping[str, Any]) -> None:
+        """A relay delivered an EVENT (already size-checked and parsed as JSON)."""
+        self._count("frame", "received")
+        wrap_id = event.get("id")
+        if isinstance(wrap_id, str) and wrap_id in self.seen:
+            self._count("seen", "duplicate")
+            return
+        if not self.global_limiter.allow():
+            self._count("global_limit", "rate_limited")
+            return
+        queue = self._queue
+        if queue is None:
+            return
+        try:
+            queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self._count("global_limit", "queue_full")
+            return
+        self.metrics.queued.set(queue.qsize())
+
+    # -- workers --------------------------------------------------------------------------------
+
+    async def _cpu(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _worker(self) -> None:
+        queue = self._queue
+        assert queue is not None
+        while True:
+            event = await queue.get()
+            self.metrics.queued.set(queue.qsize())
+            self._inflight += 1
+            self.metrics.inflight.set(self._inflight)
+            try:
+                await self._process(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug of ours: never end the worker; nothing sensitive logged
+                log.exception("marmot: internal error while processing an event")
+                self._count("internal", "error")
+            finally:
+                self._inflight -= 1
+                self.metrics.inflight.set(self._inflight)
+
+    async def _process(self, event: Mapping[str, Any]) -> None:
+        wrap_id = event.get("id")
+        if not isinstance(wrap_id, str):
+            await self._handle(event)
+            return
+        if wrap_id in self.seen:  # verified while this copy waited in the queue
+            self._count("seen", "duplicate")
+            return
+        attached = self._inflight_ids.get(wrap_id)
+        if attached is not None:
+            # The same id is being unwrapped right now (another relay's copy): wait for it.
+            attached.append(event)
+            return
+        self._inflight_ids[wrap_id] = attached = []
+        try:
+            await self._handle(event)
+            # If the first copy failed before its id was verified (a forgery carrying a real id),
+            # the others must still get their chance.
+            while attached and wrap_id not in self.seen:
+                await self._handle(attached.pop(0))
+        finally:
+            del self._inflight_ids[wrap_id]
+        for _ in attached:
+            self._count("seen", "duplicate")
+
+    def _open(self, event: Mapping[str, Any], verified: list[str]) -> Trigger:
+        """Checks 1-9 (worker thread): unwrap, then profile and content parsing."""
+        rumor = self.unwrapper.unwrap(event, on_verified=verified.append)
+        return parse_trigger(rumor, self.trigger_config)
+
+    def _decrypt(self, chunks: list[bytes], fmt: TokenFormat) -> list[DeviceToken | ChunkResult]:
+        """ECDH, HKDF, AEAD and plaintext checks of each chunk (worker thread)."""
+        out: list[DeviceToken | ChunkResult] = []
+        decrypt = self.decryptor.decrypt_chunk
+        for chunk in chunks:
+            try:
+                out.append(decrypt(chunk, fmt))
+            except ChunkRejected as exc:
+                out.append(exc.reason)
+        return out
+
+    async def _handle(self, event: Mapping[str, Any]) -> None:
+        verified: list[str] = []
+        try:
+            trigger = await self._cpu(self._open, event, verified)
+        except Dropped as exc:
+            self._count(exc.stage, exc.reason.value)
+            return
+        finally:
+            if verified:
+                self.seen.add(verified[0])
+        # 10. content dedup: inserted before any chunk work, kept for the retention whatever happens
+        if not self.dedup.check_and_add(trigger.content_hash):
+            self._count("dedup", "duplicate")
+            self.metrics.dedup_entries.set(len(self.dedup))
+            return
+        self.metrics.dedup_entries.set(len(self.dedup))
+        self._count("trigger", "accepted")
+        self.triggers_accepted += 1
+        profile = trigger.profile.value
+        self.metrics.chunks_per_trigger.observe(len(trigger.chunks))
+        # 11. per chunk: encrypted-token limiter before any ECDH
+        allowed: list[bytes] = []
+        for chunk in trigger.chunks:
+            if self.encrypted_limiter.allow(hashlib.sha256(chunk).digest()):
+                allowed.append(chunk)
+            else:
+                self._count_chunk(profile, "rate_limited")
+        if not allowed:
+            return
+        results = await self._cpu(self._decrypt, allowed, trigger.token_format)
+        pushed: set[tuple[Platform, bytes]] = set()
+        for result in results:
+            if not isinstance(result, DeviceToken):
+                self._count_chunk(profile, result.value)
+                continue
+            ident = (result.platform, result.raw)
+            if ident in pushed:  # one push per (platform, token) and trigger
+                self._count_chunk(profile, ChunkResult.OK.value)
+                continue
+            pushed.add(ident)
+            if not self.device_limiter.allow(result.limiter_key()):
+                self._count_chunk(profile, "rate_limited")
+                continue
+            self._count_chunk(profile, ChunkResult.OK.value)
+            self._dispatch(result)
+        pushed.clear()  # drop the decrypted tokens now that they are handed over
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def _apns_options(self) -> ApnsOptions:
+        apns = self.config.apns
+        if apns.mode == "alert":
+            return ApnsOptions(push_type="alert", priority=10, collapse_id=apns.collapse_id)
+        return ApnsOptions(push_type="background", priority=5)
+
+    def _apns_payload(self) -> Mapping[str, Any]:
+        apns = self.config.apns
+        if apns.mode == "alert":
+            return {
+                **apns.custom,
+                "aps": {
+                    "alert": {"title": apns.alert_title, "body": apns.alert_body},
+                    "mutable-content": 1,
+                    "sound": "default",
+                },
+            }
+        return _APNS_SILENT
+
+    def _dispatch(self, token: DeviceToken) -> None:
+        platform = _PLATFORM_LABEL[token.platform]
+        if token.platform is Platform.APNS:
+            app = self.config.apns.app
+            payload = self._apns_payload()
+        else:
+            app = self.config.fcm.app
+            payload = _FCM_DATA
+        if app is None:
+            self.metrics.pushes.labels(platform, "no_app").inc()
+            return
+        push = Push(
+            plugin=self.plugin_name,
+            app_id=app,
+            token=token.token,
+            payload=payload,
+            apns=self._apns,
+            policy=self._policy,
+        )
+        task = self.submit(push)
+        self.pushes_submitted += 1
+        task.add_done_callback(functools.partial(self._on_receipt, platform))
+
+    def _on_receipt(self, platform: str, task: asyncio.Future[Receipt]) -> None:
+        self.pushes_finished += 1
+        if task.cancelled() or task.exception() is not None:
+            self.metrics.pushes.labels(platform, "error").inc()
+            return
+        receipt = task.result()
+        key = (platform, receipt.outcome.value)
+        counter = self._push_counters.get(key)
+        if counter is None:
+            counter = self._push_counters[key] = self.metrics.pushes.labels(*key)
+        counter.inc()
+        reason = receipt.reason or ""
+        if reason in _CONFIG_REASONS or receipt.status == 403:
+            self.metrics.config_errors.labels(reason or str(receipt.status)).inc()
+        elif receipt.outcome is Outcome.TOKEN_INVALID or reason in _DEAD_REASONS:
+            self.metrics.dead_tokens.labels(platform).inc()
