@@ -13,7 +13,7 @@ $(BIN)/python:
 
 # Reinstall whenever pyproject.toml changes.
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e '.[relay]'
 	touch $@
 
 $(VENV)/.dev: pyproject.toml | $(BIN)/python

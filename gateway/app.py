@@ -291,6 +291,11 @@ async def _readyz(request: web.Request) -> web.Response:
         "apps": dispatcher.ready() if dispatcher else {},
         "services": {s.name: bool(s.ready()) for s in gateway.services},
     }
+    details = {
+        s.name: status() for s in gateway.services if callable(status := getattr(s, "status", None))
+    }
+    if details:
+        checks["service_status"] = details
     ok = checks["store"] and all(checks["apps"].values()) and all(checks["services"].values())
     return web.json_response({"ready": ok, **checks}, status=200 if ok else 503)
 

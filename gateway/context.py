@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -34,6 +35,10 @@ class Service(Protocol):
     def ready(self) -> bool:
         """Whether the service is doing its job now (reported by /readyz)."""
         ...
+
+
+# A service may also define `status() -> Mapping[str, Any]`: JSON-ready detail that
+# /readyz shows under `service_status` (per-relay connection state, say).
 
 
 class TokenHasher:
@@ -108,9 +113,13 @@ class PluginContext:
 
     async def send(self, push: Push) -> Receipt:
         """Deliver `push` through the core and wait for its final `Receipt`."""
-        if push.plugin != self.name:
-            push.plugin = self.name
+        push.plugin = self.name
         return await self.dispatcher.send(push)
+
+    def submit(self, push: Push) -> asyncio.Task[Receipt]:
+        """Deliver `push` in the background; the task's result is its `Receipt`."""
+        push.plugin = self.name
+        return self.dispatcher.submit(push)
 
 
 class CommandContext:

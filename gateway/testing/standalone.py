@@ -2,8 +2,11 @@
 
 Besides what `serve_simulators` writes, it registers a fixed local APNs key
 (`apns-auth-key.p8`, key id `SIMKEY0001`, team `SIMTEAM001`) so that
-`config/local.yaml` can name stable paths, and writes `ready.json` last: a gateway
-started with `--with-simulators` waits for that file.
+`config/local.yaml` can name stable paths. When the `nostr-relay` command is
+installed (the `relay` extra), it also runs a real Nostr relay on
+ws://127.0.0.1:6969 and keeps a local server key (`marmot-server.key`) for the
+Marmot plugin. It writes `ready.json` last: a gateway started with
+`--with-simulators` waits for that file.
 """
 
 from __future__ import annotations
@@ -11,18 +14,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import signal
 import sys
 from pathlib import Path
 
 from gateway.testing.apns_sim import ApnsResponse, generate_apns_auth_key
 from gateway.testing.fcm_sim import FcmResponse
+from gateway.testing.relay import NostrRelayProcess, relay_available
 from gateway.testing.runner import serve_simulators
 
 LOCAL_KEY_ID = "SIMKEY0001"
 LOCAL_TEAM_ID = "SIMTEAM001"
 LOCAL_KEY_FILE = "apns-auth-key.p8"
 READY_FILE = "ready.json"
+RELAY_PORT = 6969
+NOSTR_KEY_FILE = "marmot-server.key"
+
+
+def _nostr_key(state_dir: Path) -> Path:
+    """A secp256k1 secret for local runs, kept across restarts (0600)."""
+    path = state_dir / NOSTR_KEY_FILE
+    if not path.exists():
+        # 32 random bytes are a valid secp256k1 secret but with probability ~2^-128
+        path.write_text(secrets.token_hex(32) + "\n")
+        path.chmod(0o600)
+    return path
 
 
 async def _main(
@@ -43,17 +60,29 @@ async def _main(
         "local_key_id": LOCAL_KEY_ID,
         "local_team_id": LOCAL_TEAM_ID,
     }
+    relay = None
+    if relay_available():
+        relay = NostrRelayProcess(state_dir / "relay", port=RELAY_PORT)
+        await asyncio.to_thread(relay.start)
+        description["relay_url"] = relay.url
+        description["nostr_key_path"] = str(_nostr_key(state_dir))
     ready.write_text(json.dumps(description, indent=2))
     print(f"APNs simulator: {info.apns_url} (HTTP/2 + TLS, CA {info.ca_path})", flush=True)
     print(f"FCM simulator:  {info.fcm_url} (OAuth {info.token_uri})", flush=True)
     print(f"service account: {info.service_account_path}; APNs key: {key_path}", flush=True)
+    if relay is not None:
+        print(f"Nostr relay:    {relay.url} (nostr-relay, storage {relay.db})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    await info.stop()
-    ready.unlink(missing_ok=True)
+    try:
+        await stop.wait()
+    finally:
+        await info.stop()
+        if relay is not None:
+            relay.stop()
+        ready.unlink(missing_ok=True)
 
 
 def run_simulators(

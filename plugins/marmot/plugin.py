@@ -52,7 +52,7 @@ def pushgw_services(context: PluginContext) -> list[MarmotService]:
     service = MarmotService(
         config,
         metrics,
-        lambda push: context.dispatcher.submit(push),
+        context.submit,
         plugin_name=context.name,
     )
     context.state["service"] = service

@@ -34,7 +34,6 @@ from gateway.testing import (
     serve_simulators,
 )
 
-
 TOKEN = "ab" * 32
 OTHER = "cd" * 32
 

@@ -22,7 +22,6 @@ from google.oauth2 import service_account
 from gateway.testing import FcmResponse, FcmSimulator, make_service_account
 from gateway.testing.fcm_sim import FCM_ERROR_TYPE
 
-
 PROJECT = "pushgw-test"  # the project of the plugin's fcm_service_account fixture
 FCM_SCOPE = "https://www.googleapis.com/auth/firebase.messaging"
 

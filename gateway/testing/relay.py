@@ -1,0 +1,109 @@
+"""A real Nostr relay on loopback, for tests, demos and `pushgw serve --with-simulators`.
+
+It runs PyPI `nostr-relay` (`nostr-relay -c FILE serve --use-uvicorn`, the `relay`
+extra) with SQLite storage in a directory of its own and `max_event_size` raised: its
+default would refuse any real Marmot trigger. It is not a simulator: relays are part
+of the real system, and the gateway speaks to this one exactly as to any other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from websockets.sync.client import connect as sync_connect
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def relay_available() -> bool:
+    """Whether the `nostr-relay` command is installed next to this Python."""
+    return (Path(sys.executable).parent / "nostr-relay").exists()
+
+
+class NostrRelayProcess:
+    """PyPI nostr-relay in a subprocess on 127.0.0.1; the storage survives :meth:`restart`."""
+
+    def __init__(self, directory: Path, *, port: int | None = None, auth: bool = False) -> None:
+        self.directory = directory = directory.resolve()  # the relay runs in its directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.conf = directory / "nostr-relay.yaml"
+        self.db = directory / "relay.sqlite3"
+        self.log = directory / "relay.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        lines = [
+            "DEBUG: false",
+            "max_event_size: 400000",
+            "oldest_event: 31536000",
+            "storage:",
+            f"  sqlalchemy.url: sqlite+aiosqlite:///{self.db}",
+            "  validators:",
+            "    - nostr_relay.validators.is_not_too_large",
+            "    - nostr_relay.validators.is_signed",
+            "    - nostr_relay.validators.is_recent",
+            "gunicorn:",
+            f"  bind: 127.0.0.1:{self.port}",
+            "  workers: 1",
+            "  loglevel: warning",
+            "authentication:",
+            f"  enabled: {'true' if auth else 'false'}",
+            f"  relay_urls: [{self.url}]",
+            "logging:",
+            "  version: 1",
+            "  root: {level: WARNING}",
+        ]
+        self.conf.write_text("\n".join(lines) + "\n")
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        exe = Path(sys.executable).parent / "nostr-relay"
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(exe), "-c", str(self.conf), "serve", "--use-uvicorn"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nostr-relay exited: {self.log.read_text()[-2000:]}")
+            try:
+                with sync_connect(self.url, open_timeout=1.0) as ws:
+                    ws.send(json.dumps(["REQ", "probe", {"kinds": [0], "limit": 0}]))
+                    ws.recv(timeout=2.0)
+                return
+            except (OSError, TimeoutError, Exception):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

@@ -1,0 +1,569 @@
+"""ApnsClient against the APNs simulator (gateway.testing)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import ApnsAppConfig
+from gateway.core.apns import IDLE_SECONDS, ApnsClient, _ApnsProtocol, _StreamSlots
+from gateway.core.push import ApnsOptions, Outcome, Push, PushPolicy, Reason
+from gateway.testing import ApnsResponse, ApnsSimulator, generate_apns_auth_key
+
+TOPIC = "com.example.app"
+MakeClient = Callable[..., Awaitable[ApnsClient]]
+
+
+def token() -> str:
+    return secrets.token_hex(32)
+
+
+def push_for(tok: str, payload: dict[str, Any] | None = None, **apns: Any) -> Push:
+    return Push(
+        plugin="test",
+        app_id="ios",
+        token=tok,
+        payload=payload if payload is not None else {"aps": {"alert": "hi"}},
+        apns=ApnsOptions(**apns),
+    )
+
+
+def sized_payload(size: int) -> dict[str, Any]:
+    base = len(json.dumps({"aps": {}, "x": ""}, separators=(",", ":")).encode())
+    return {"aps": {}, "x": "a" * (size - base)}
+
+
+@pytest.fixture
+def secrets_seen() -> set[str]:
+    """Strings that must never show up in log output (tokens, JWTs)."""
+    return set()
+
+
+@pytest.fixture(autouse=True)
+def no_secrets_in_logs(caplog: pytest.LogCaptureFixture, secrets_seen: set[str]) -> Iterator[None]:
+    caplog.set_level(logging.DEBUG)
+    yield
+    text = caplog.text + "".join(str(r.args) for r in caplog.records)
+    for secret in secrets_seen:
+        assert secret not in text
+    assert "bearer ey" not in text.lower()
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[ApnsSimulator]:
+    async with ApnsSimulator() as simulator:
+        yield simulator
+
+
+@pytest.fixture
+async def make_client(
+    sim: ApnsSimulator, tmp_path: Path, secrets_seen: set[str]
+) -> AsyncIterator[MakeClient]:
+    clients: list[ApnsClient] = []
+
+    async def make(*, proxy: str | None = None, **overrides: Any) -> ApnsClient:
+        key = generate_apns_auth_key()
+        keyfile = key.write_p8(tmp_path / f"AuthKey_{key.key_id}.p8")
+        sim.add_jwt_key(key.key_id, key.team_id, key.public_key)
+        settings: dict[str, Any] = {
+            "keyfile": keyfile,
+            "key_id": key.key_id,
+            "team_id": key.team_id,
+            "topic": TOPIC,
+            "host": sim.host,
+            "port": sim.port,
+            "ca_file": sim.ca_path,
+            "request_timeout": 1.0,
+            **overrides,
+        }
+        client = ApnsClient("ios", ApnsAppConfig(**settings), proxy=proxy)
+        await client.start()
+        clients.append(client)
+        if client.provider_token is not None:
+            secrets_seen.add(client.provider_token.get_header()[len("bearer ") :])
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
+
+
+async def send(client: ApnsClient, push: Push, secrets_seen: set[str]) -> Any:
+    secrets_seen.add(push.token)
+    assert client.validate(push) is None
+    return await client.send(push)
+
+
+# --- success and headers ---------------------------------------------------------------
+
+
+async def test_success_sends_compact_body_and_headers(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client()
+    assert client.ready()
+    tok = token()
+    push = push_for(tok, {"aps": {"alert": "héllo"}}, priority=5, collapse_id="c1", expiration=0)
+    attempt = await send(client, push, secrets_seen)
+    assert attempt.outcome is Outcome.OK
+    assert attempt.status == 200
+    assert attempt.provider_id == push.id
+    (request,) = sim.requests
+    assert request.token == tok
+    assert request.body == '{"aps":{"alert":"héllo"}}'.encode()
+    headers = request.headers
+    assert headers["apns-id"] == push.id
+    assert headers["apns-topic"] == TOPIC
+    assert headers["apns-push-type"] == "alert"
+    assert headers["apns-priority"] == "5"
+    assert headers["apns-collapse-id"] == "c1"
+    assert headers["apns-expiration"] == "0"  # aioapns could only send now + ttl
+    assert headers["authorization"].startswith("bearer ")
+
+
+async def test_push_type_omitted_defaulted_and_beyond_aioapns(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    plain = await make_client()
+    defaulted = await make_client(push_type="voip")
+    tok = token()
+    assert (await send(plain, push_for(tok, push_type=None), secrets_seen)).outcome is Outcome.OK
+    assert "apns-push-type" not in sim.requests[-1].headers
+    for kind in ("location", "pushtotalk", "widgets", "liveactivity"):
+        push = push_for(tok, push_type=kind, topic=f"{TOPIC}.push-type.{kind}")
+        assert (await send(plain, push, secrets_seen)).outcome is Outcome.OK
+        assert sim.requests[-1].headers["apns-push-type"] == kind
+        assert sim.requests[-1].headers["apns-topic"] == f"{TOPIC}.push-type.{kind}"
+    assert (
+        await send(defaulted, push_for(tok, push_type=None), secrets_seen)
+    ).outcome is Outcome.OK
+    assert sim.requests[-1].headers["apns-push-type"] == "voip"
+
+
+# --- classification end to end ---------------------------------------------------------
+
+
+async def test_unregistered_keeps_timestamp(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client()
+    tok = token()
+    sim.script(tok, ApnsResponse.error("Unregistered", timestamp=1_700_000_000_000))
+    attempt = await send(client, push_for(tok), secrets_seen)
+    assert attempt.outcome is Outcome.TOKEN_INVALID
+    assert attempt.status == 410
+    assert attempt.reason == "Unregistered"
+    assert attempt.token_timestamp == 1_700_000_000_000
+
+
+async def test_bad_device_token(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client()
+    attempt = await send(client, push_for("not-hex-at-all"), secrets_seen)
+    assert attempt.outcome is Outcome.TOKEN_INVALID
+    assert (attempt.status, attempt.reason) == (400, "BadDeviceToken")
+
+
+@pytest.mark.parametrize(
+    ("reason", "outcome", "wide"),
+    [
+        ("TooManyRequests", Outcome.THROTTLED, False),
+        ("TooManyProviderTokenUpdates", Outcome.THROTTLED, True),
+        ("TopicDisallowed", Outcome.PERMANENT, False),
+        ("ServiceUnavailable", Outcome.TRANSIENT, False),
+        ("DeviceTokenNotForTopic", Outcome.TOKEN_INVALID, False),
+    ],
+)
+async def test_scripted_errors(
+    sim: ApnsSimulator,
+    make_client: MakeClient,
+    secrets_seen: set[str],
+    reason: str,
+    outcome: Outcome,
+    wide: bool,
+) -> None:
+    client = await make_client()
+    tok = token()
+    sim.script(tok, ApnsResponse.error(reason))
+    attempt = await send(client, push_for(tok), secrets_seen)
+    assert (attempt.outcome, attempt.reason, attempt.credential_wide) == (outcome, reason, wide)
+
+
+async def test_expired_provider_token_is_auth_and_forces_one_resign(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client()
+    jwt = client.provider_token
+    assert jwt is not None
+    tok = token()
+    sim.script(tok, ApnsResponse.error("ExpiredProviderToken"), ApnsResponse.ok())
+    attempt = await send(client, push_for(tok), secrets_seen)
+    assert (attempt.outcome, attempt.status) == (Outcome.AUTH, 403)
+    assert attempt.reason == "ExpiredProviderToken"
+    before = jwt.signatures
+    await client.refresh_credentials()
+    await client.refresh_credentials()  # a second caller for the same failure: no new JWT
+    assert jwt.signatures == before + 1
+    secrets_seen.add(jwt.get_header()[len("bearer ") :])
+    assert (await send(client, push_for(tok), secrets_seen)).outcome is Outcome.OK
+    assert sim.jwts_seen == 2
+
+
+async def test_invalid_provider_token_from_simulator(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client()
+    other = generate_apns_auth_key()  # the simulator knows a key, but not this one
+    sim._jwt_keys = {other.key_id: (other.team_id, other.public_key)}
+    sim._jwt_cache.clear()
+    attempt = await send(client, push_for(token()), secrets_seen)
+    assert (attempt.outcome, attempt.reason) == (Outcome.AUTH, "InvalidProviderToken")
+    jwt = client.provider_token
+    assert jwt is not None
+    before = jwt.signatures
+    await client.refresh_credentials()  # not expired and younger than 20 min: no re-sign
+    assert jwt.signatures == before
+
+
+def test_jwt_refresh_schedule() -> None:
+    key = generate_apns_auth_key()
+    now = [1_000_000.0]
+    from gateway.core.apns import _ProviderToken
+
+    provider = _ProviderToken(key.private_key_pem, key.key_id, key.team_id, clock=lambda: now[0])
+    first = provider.get_header()
+    now[0] += 19 * 60
+    assert not provider.refresh()  # younger than 20 min
+    assert provider.get_header() == first
+    now[0] += 2 * 60
+    assert provider.refresh()  # older than 20 min: allowed
+    second = provider.get_header()
+    assert second != first
+    now[0] += 44 * 60
+    assert provider.get_header() == second
+    now[0] += 2 * 60
+    assert provider.get_header() != second  # re-signed on use after 45 min
+    assert provider.signatures == 3
+    provider.expired(provider.generation - 1)  # an old token expired: nothing to do
+    assert not provider.refresh()
+    provider.expired(provider.generation)
+    assert provider.refresh()  # forced, however young
+
+
+async def test_one_jwt_shared_by_connections(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    sim.set_max_concurrent_streams(1)
+    client = await make_client(max_connections=3)
+    tokens = [token() for _ in range(3)]
+    for tok in tokens:
+        sim.script(tok, ApnsResponse.ok(delay=0.2))
+    results = await asyncio.gather(*(send(client, push_for(t), secrets_seen) for t in tokens))
+    assert all(r.outcome is Outcome.OK for r in results)
+    assert sim.connections_opened >= 2
+    assert sim.jwts_seen == 1
+    assert client.provider_token is not None and client.provider_token.signatures == 1
+
+
+# --- faults ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["no_body", "reset", "drop", "goaway"])
+async def test_faults_end_transient(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str], fault: str
+) -> None:
+    client = await make_client(request_timeout=1.0)
+    tok = token()
+    sim.script(tok, ApnsResponse.faulty(fault, status=410), ApnsResponse.ok())  # type: ignore[arg-type]
+    started = time.monotonic()
+    attempt = await send(client, push_for(tok), secrets_seen)
+    assert attempt.outcome is Outcome.TRANSIENT
+    # never longer than the request timeout; the no_body 410 must not invalidate the token
+    assert time.monotonic() - started < 1.5
+    assert (await send(client, push_for(tok), secrets_seen)).outcome is Outcome.OK
+
+
+async def test_no_answer_times_out_and_frees_the_stream(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    sim.set_max_concurrent_streams(1)
+    client = await make_client(request_timeout=0.3, max_connections=1)
+    slow, fast = token(), token()
+    sim.script(slow, ApnsResponse.ok(delay=5.0))
+    attempt = await send(client, push_for(slow), secrets_seen)
+    assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.TIMEOUT)
+    # the single stream slot was given back (RST_STREAM sent): the next push goes through
+    assert (await send(client, push_for(fast), secrets_seen)).outcome is Outcome.OK
+
+
+async def test_connection_refused_is_transient(tmp_path: Path, secrets_seen: set[str]) -> None:
+    key = generate_apns_auth_key()
+    keyfile = key.write_p8(tmp_path / "k.p8")
+    with contextlib.closing(__import__("socket").socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = ApnsAppConfig(
+        keyfile=keyfile,
+        key_id=key.key_id,
+        team_id=key.team_id,
+        topic=TOPIC,
+        host="127.0.0.1",
+        port=port,
+        request_timeout=3.0,
+    )
+    client = ApnsClient("ios", config)
+    await client.start()
+    try:
+        attempt = await send(client, push_for(token()), secrets_seen)
+    finally:
+        await client.close()
+    assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.CONNECTION_ERROR)
+
+
+async def test_send_before_start_is_transient(tmp_path: Path) -> None:
+    key = generate_apns_auth_key()
+    config = ApnsAppConfig(
+        keyfile=key.write_p8(tmp_path / "k.p8"), key_id=key.key_id, team_id=key.team_id, topic=TOPIC
+    )
+    client = ApnsClient("ios", config)
+    assert not client.ready()
+    assert client.host == "api.push.apple.com"
+    assert (await client.send(push_for(token()))).outcome is Outcome.TRANSIENT
+
+
+# --- size and header checks --------------------------------------------------------------
+
+
+async def test_payload_limits(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client()
+    tok = token()
+    secrets_seen.add(tok)
+    exact = push_for(tok, sized_payload(4096))
+    assert (await send(client, exact, secrets_seen)).outcome is Outcome.OK
+    assert len(sim.requests[-1].body) == 4096
+
+    over = push_for(tok, sized_payload(4097))
+    refusal = client.validate(over)
+    assert refusal is not None
+    assert (refusal.outcome, refusal.reason) == (Outcome.PERMANENT, Reason.PAYLOAD_TOO_LARGE)
+    assert refusal.detail is not None and tok not in refusal.detail
+    assert (await client.send(over)).reason == Reason.PAYLOAD_TOO_LARGE  # send checks too
+    assert len(sim.requests) == 1
+
+    voip = push_for(tok, sized_payload(5120), push_type="voip", topic=f"{TOPIC}.voip")
+    assert (await send(client, voip, secrets_seen)).outcome is Outcome.OK
+    voip_over = push_for(tok, sized_payload(5121), push_type="voip")
+    assert client.validate(voip_over) is not None
+
+    policy = Push("test", "ios", tok, sized_payload(600), policy=PushPolicy(max_payload_bytes=512))
+    refusal = client.validate(policy)
+    assert refusal is not None and refusal.reason == Reason.PAYLOAD_TOO_LARGE
+
+
+@pytest.mark.parametrize(
+    ("payload", "options"),
+    [
+        ({"aps": {}}, {"collapse_id": "c" * 65}),
+        ({"aps": {}}, {"priority": 7}),
+        ({"aps": {}}, {"expiration": -1}),
+        ({"aps": {"x": float("nan")}}, {}),
+        ({"aps": {"x": object()}}, {}),
+    ],
+)
+async def test_invalid_requests_refused(
+    make_client: MakeClient, payload: dict[str, Any], options: dict[str, Any]
+) -> None:
+    client = await make_client()
+    refusal = client.validate(push_for(token(), payload, **options))
+    assert refusal is not None
+    assert (refusal.outcome, refusal.reason) == (Outcome.PERMANENT, Reason.INVALID_PAYLOAD)
+
+
+async def test_collapse_id_of_64_bytes_is_sent(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client()
+    attempt = await send(client, push_for(token(), collapse_id="é" * 32), secrets_seen)
+    assert attempt.outcome is Outcome.OK
+
+
+def test_idle_connections_are_kept_for_an_hour() -> None:
+    assert _ApnsProtocol.INACTIVITY_TIME >= 3600 == IDLE_SECONDS
+
+
+# --- certificate auth and proxy ------------------------------------------------------------
+
+
+async def test_certificate_auth_sends_no_authorization(
+    sim: ApnsSimulator, tmp_path: Path, secrets_seen: set[str]
+) -> None:
+    sim._jwt_keys = None  # certificate auth: the simulator does not check JWTs
+    cert, key = sim.ca.issue(["client.example"])
+    bundle = tmp_path / "client.pem"
+    bundle.write_bytes(cert.read_bytes() + key.read_bytes())
+    config = ApnsAppConfig(
+        certfile=bundle, topic=TOPIC, host=sim.host, port=sim.port, ca_file=sim.ca_path
+    )
+    client = ApnsClient("ios", config)
+    await client.start()
+    try:
+        assert client.provider_token is None
+        attempt = await send(client, push_for(token()), secrets_seen)
+        await client.refresh_credentials()  # nothing to refresh
+    finally:
+        await client.close()
+    assert attempt.outcome is Outcome.OK
+    assert "authorization" not in sim.requests[-1].headers
+
+
+class ConnectProxy:
+    """A minimal HTTP CONNECT proxy for the tests (optionally refusing)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.targets: list[str] = []
+        self.auth: list[str | None] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://user:p%40ss@127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        lines = head.split("\r\n")
+        self.targets.append(lines[0].split()[1])
+        self.auth.append(
+            next((line.split(": ", 1)[1] for line in lines if line.startswith("Proxy-Auth")), None)
+        )
+        if self.refuse:
+            writer.write(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+            await writer.drain()
+            writer.close()
+            return
+        port = lines[0].split()[1].rsplit(":", 1)[1]
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", int(port))
+        writer.write(b"HTTP/1.0 200 Connection established\r\n\r\n")
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def test_connect_proxy(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    proxy = ConnectProxy()
+    async with proxy as url:
+        client = await make_client(proxy=url)
+        assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+        await client.close()
+    assert proxy.targets == [f"{sim.host}:{sim.port}"]
+    assert proxy.auth == ["Basic dXNlcjpwQHNz"]  # user:p@ss
+
+
+async def test_connect_proxy_refusal_is_transient(
+    make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    async with ConnectProxy(refuse=True) as url:
+        client = await make_client(proxy=url, request_timeout=3.0)
+        attempt = await send(client, push_for(token()), secrets_seen)
+        await client.close()
+    assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.CONNECTION_ERROR)
+
+
+async def test_https_proxy_env_respects_no_proxy(
+    monkeypatch: pytest.MonkeyPatch, sim: ApnsSimulator, make_client: MakeClient
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    client = await make_client()
+    assert client._proxy is None
+    monkeypatch.delenv("NO_PROXY")
+    client = await make_client()
+    assert client._proxy == "http://proxy.invalid:3128"
+
+
+async def test_many_concurrent_sends_with_large_payloads(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    """More 4 KiB bodies in flight than one 64 KiB window holds: senders wait for credit."""
+    sim.initial_window_size = 65535
+    client = await make_client(request_timeout=5.0)
+    tokens = [token() for _ in range(60)]
+    results = await asyncio.gather(
+        *(send(client, push_for(t, sized_payload(4096)), secrets_seen) for t in tokens)
+    )
+    assert [r.outcome for r in results] == [Outcome.OK] * 60
+
+
+async def test_error_bodies_do_not_exhaust_the_receive_window(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    """aioapns never returns flow-control credit for DATA: 64 KiB of error bodies stall it."""
+    client = await make_client(request_timeout=2.0, max_connections=1)
+    reason = "Bad" + "x" * 4000  # ~4 KiB error bodies: 16 of them fill the 64 KiB window
+    sim.script_all(ApnsResponse(400, reason))
+    tok = token()
+    for _ in range(5):
+        results = await asyncio.gather(
+            *(send(client, push_for(tok), secrets_seen) for _ in range(20))
+        )
+        assert {(r.outcome, r.reason) for r in results} == {(Outcome.PERMANENT, reason)}
+    assert sim.connections_opened == 1
+
+
+async def test_stream_slots_follow_the_peer_limit_both_ways() -> None:
+    slots = _StreamSlots(1)
+    assert await slots.acquire() == 1
+    waiters = [asyncio.create_task(slots.acquire()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    slots.bound = 3  # SETTINGS raise the limit: two of the waiters get a stream at once
+    await asyncio.sleep(0)
+    assert sum(w.done() for w in waiters) == 2
+    slots.bound = 1  # and lower it again below the streams in use (3)
+    slots.release()
+    slots.release()
+    await asyncio.sleep(0)
+    assert sum(w.done() for w in waiters) == 2  # still 1 in use: nobody may start
+    assert slots.is_busy
+    slots.release()
+    await asyncio.sleep(0)
+    assert all(w.done() for w in waiters)
+
+
+async def test_concurrency_grows_after_settings(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client(max_connections=1)
+    tokens = [token() for _ in range(20)]
+    for tok in tokens:
+        sim.script(tok, ApnsResponse.ok(delay=0.2))
+    started = time.monotonic()
+    results = await asyncio.gather(*(send(client, push_for(t), secrets_seen) for t in tokens))
+    assert {r.outcome for r in results} == {Outcome.OK}
+    assert time.monotonic() - started < 1.0  # one at a time would take 4 s
+    assert sim.connections_opened == 1

@@ -1,0 +1,162 @@
+"""Plain-Python computations of the Spark jobs' numbers, from the receipt files themselves."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("ok", "token_invalid", "permanent", "auth", "throttled", "transient")
+
+
+def load(directory: Path) -> list[dict[str, Any]]:
+    """Every record of every `*.jsonl` file under `directory` (all lines must be valid)."""
+    records = []
+    for path in sorted(directory.rglob("*.jsonl")):
+        with path.open(encoding="utf-8") as fh:
+            records.extend(json.loads(line) for line in fh)
+    return records
+
+
+def hour(ts: float) -> int:
+    return math.floor(ts / 3600) * 3600
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default): rank q*(n-1)."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    latencies = [r["latency_ms"] for r in rows]
+    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    return {
+        "total": len(rows),
+        **counts,
+        "other": sum(r["status"] not in STATUSES for r in rows),
+        "success_rate": counts["ok"] / len(rows),
+        "attempts": sum(r["attempts"] for r in rows),
+        "retries": sum(max(r["attempts"] - 1, 0) for r in rows),
+        "retried": sum(r["attempts"] > 1 for r in rows),
+        "latency_p50": percentile(latencies, 0.5),
+        "latency_p95": percentile(latencies, 0.95),
+        "latency_p99": percentile(latencies, 0.99),
+        "latency_mean": sum(latencies) / len(latencies),
+        "latency_max": max(latencies),
+    }
+
+
+def delivery_summary(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """(hour, plugin, provider, app_id) -> metrics, as `summary` has them."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[(hour(r["ts"]), r["plugin"], r["provider"], r["app_id"])].append(r)
+    return {key: _metrics(rows) for key, rows in groups.items()}
+
+
+def delivery_hourly(records: Iterable[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[hour(r["ts"])].append(r)
+    return {key: _metrics(rows) for key, rows in groups.items()}
+
+
+def reasons(records: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], int]:
+    counts: dict[tuple[Any, ...], int] = defaultdict(int)
+    for r in records:
+        key = (hour(r["ts"]), r["plugin"], r["provider"], r["app_id"], r["status"], r["reason"])
+        counts[key] += 1
+    return dict(counts)
+
+
+def dead_tokens(
+    records: Iterable[dict[str, Any]],
+    *,
+    permanent: tuple[str, ...] = ("token_invalid",),
+    transient: tuple[str, ...] = ("transient",),
+    n: int = 5,
+    window_hours: float = 168.0,
+    min_span_hours: float = 24.0,
+    now: float | None = None,
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """(plugin, app_id, provider, token_hash) -> {reason, failures, last_seen}."""
+    records = [r for r in records if r["token_hash"] is not None]
+    end = now if now is not None else max(r["ts"] for r in records)
+    cutoff = end - window_hours * 3600
+    by_token: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_token[(r["plugin"], r["app_id"], r["provider"], r["token_hash"])].append(r)
+    dead = {}
+    for key, rows in by_token.items():
+        oks = [r["ts"] for r in rows if r["status"] == "ok"]
+        last_ok = max(oks) if oks else -math.inf
+        perms = [r for r in rows if r["status"] in permanent and r["ts"] > last_ok]
+        streak = [
+            r["ts"]
+            for r in rows
+            if r["status"] in transient
+            and r["attempts"] > 0
+            and r["ts"] > last_ok
+            and cutoff <= r["ts"] <= end
+        ]
+        last_seen = max(r["ts"] for r in rows)
+        if perms:
+            last = max(perms, key=lambda r: r["ts"])
+            reason = last["reason"] if last["reason"] is not None else last["status"]
+            dead[key] = {"reason": reason, "failures": len(perms), "last_seen": last_seen}
+        elif len(streak) >= n and max(streak) - min(streak) >= min_span_hours * 3600:
+            dead[key] = {
+                "reason": "consecutive_transient_failures",
+                "failures": len(streak),
+                "last_seen": last_seen,
+            }
+    return dead
+
+
+def volume_anomalies(
+    records: Iterable[dict[str, Any]],
+    *,
+    factor: float = 3.0,
+    baseline_hours: int = 24,
+    min_baseline_hours: int = 6,
+    min_volume: int = 20,
+    min_failures: int = 10,
+    min_failure_rate: float = 0.01,
+) -> dict[tuple[int, str, str], dict[str, Any]]:
+    """(hour, plugin, kind) -> numbers, grouping by plugin (the default)."""
+    volume: dict[tuple[str, int], int] = defaultdict(int)
+    failures: dict[tuple[str, int], int] = defaultdict(int)
+    records = list(records)
+    for r in records:
+        key = (r["plugin"], hour(r["ts"]))
+        volume[key] += 1
+        failures[key] += r["status"] != "ok"
+    last = max(h for _, h in volume)
+    found = {}
+    for plugin in {p for p, _ in volume}:
+        first = min(h for p, h in volume if p == plugin)
+        hours = list(range(first, last + 1, 3600))
+        vols = [volume.get((plugin, h), 0) for h in hours]
+        fails = [failures.get((plugin, h), 0) for h in hours]
+        for i, h in enumerate(hours):
+            prev = range(max(0, i - baseline_hours), i)
+            if len(prev) < min_baseline_hours:
+                continue
+            base = sum(vols[j] for j in prev) / len(prev)
+            base_vol_sum = sum(vols[j] for j in prev)
+            base_rate = sum(fails[j] for j in prev) / base_vol_sum if base_vol_sum else None
+            rate = fails[i] / vols[i] if vols[i] else None
+            floor = max(base_rate or 0.0, min_failure_rate)
+            if vols[i] >= min_volume and vols[i] > base * factor:
+                found[(h, plugin, "volume_spike")] = {"volume": vols[i], "baseline": base}
+            if base >= min_volume and vols[i] < base / factor:
+                found[(h, plugin, "volume_drop")] = {"volume": vols[i], "baseline": base}
+            if fails[i] >= min_failures and rate is not None and rate > floor * factor:
+                found[(h, plugin, "failure_spike")] = {"volume": vols[i], "baseline": base}
+    return found

@@ -1,0 +1,271 @@
+"""The built-in jobs on receipts written by the real `ReceiptWriter`, checked against
+plain-Python computations of the same numbers (tests/spark/reference.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from spark_plugins import dead_tokens, delivery_report, synthetic, volume_anomalies
+from spark_plugins.reader import read_receipts
+from tests.spark import reference
+
+pytestmark = pytest.mark.spark
+
+FIELDS = ["plugin", "app_id", "provider", "token_hash", "reason", "failures", "last_seen"]
+
+
+def _rows(path: str | Path) -> list[dict[str, Any]]:
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    for row in rows:
+        if "hour" in row and row["hour"] is not None:
+            row["hour"] = int(row["hour"].timestamp())
+    return rows
+
+
+@pytest.fixture(scope="module")
+def records(receipts_dir: Path) -> list[dict[str, Any]]:
+    return reference.load(receipts_dir)
+
+
+@pytest.fixture(scope="module")
+def report(spark: Any, receipts_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    out = tmp_path_factory.mktemp("report")
+    options = delivery_report.JOB.resolve_options({})
+    return delivery_report.JOB.run(spark, str(receipts_dir), str(out), options)
+
+
+def test_writer_output_is_what_the_job_reads(report: Any, records: list[dict[str, Any]]) -> None:
+    assert report.input.records == len(records) == 6000 + len(_scenario_count())
+    assert report.input.bad == 0
+    assert report.input.files >= 2  # the second node writes into a subdirectory
+
+
+def _scenario_count() -> list[Any]:
+    from tests.spark.conftest import scenarios
+
+    return scenarios()
+
+
+def test_delivery_summary_matches_python(report: Any, records: list[dict[str, Any]]) -> None:
+    expected = reference.delivery_summary(records)
+    rows = _rows(report.outputs["summary.parquet"])
+    assert len(rows) == len(expected)
+    for row in rows:
+        want = expected[(row["hour"], row["plugin"], row["provider"], row["app_id"])]
+        for name, value in want.items():
+            if isinstance(value, float):
+                assert row[name] == pytest.approx(value, rel=1e-9, abs=1e-9), name
+            else:
+                assert row[name] == value, name
+
+
+def test_delivery_hourly_and_reasons_match_python(
+    report: Any, records: list[dict[str, Any]]
+) -> None:
+    hourly = {row["hour"]: row for row in _rows(report.outputs["hourly.parquet"])}
+    for key, want in reference.delivery_hourly(records).items():
+        assert hourly[key]["total"] == want["total"]
+        assert hourly[key]["latency_p99"] == pytest.approx(want["latency_p99"], rel=1e-9)
+    reasons = {
+        (r["hour"], r["plugin"], r["provider"], r["app_id"], r["status"], r["reason"]): r["count"]
+        for r in _rows(report.outputs["reasons.parquet"])
+    }
+    assert reasons == reference.reasons(records)
+
+
+def test_delivery_report_files(report: Any) -> None:
+    csv_lines = Path(report.outputs["summary.csv"]).read_text().splitlines()
+    assert csv_lines[0].startswith("hour,plugin,provider,app_id,total,ok,")
+    assert len(csv_lines) - 1 == pq.read_table(report.outputs["summary.parquet"]).num_rows
+    assert csv_lines[1].split(",")[0].endswith("Z")  # UTC, ISO 8601
+    assert Path(report.outputs["chart.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = Path(report.outputs["index.html"]).read_text()
+    assert 'src="data:image/png;base64,' in page and "<table>" in page
+    result = json.loads(Path(report.outputs["result-delivery-report.json"]).read_text())
+    assert result["metrics"]["receipts"] == report.input.records
+
+
+def test_approx_percentiles_within_rank_bound(
+    spark: Any, receipts_dir: Path, records: list[dict[str, Any]]
+) -> None:
+    options = delivery_report.JOB.resolve_options(["percentiles=approx", "accuracy=100"])
+    source = read_receipts(spark, str(receipts_dir))
+    tables = delivery_report.build_tables(source.df, options)
+    got = {
+        row["hour"]: row
+        for row in tables["hourly"]
+        .withColumn("hour", tables["hourly"]["hour"].cast("long"))
+        .collect()
+    }
+    by_hour: dict[int, list[float]] = {}
+    for r in records:
+        by_hour.setdefault(reference.hour(r["ts"]), []).append(r["latency_ms"])
+    for hour, values in by_hour.items():
+        ordered = sorted(values)
+        n = len(ordered)
+        for q in (0.5, 0.95, 0.99):
+            value = got[hour][f"latency_p{round(q * 100)}"]
+            # percentile_approx returns a sample whose rank is about n/accuracy from q*n;
+            # allowed here: 2*n/accuracy + 1 ranks (accuracy=100)
+            lo = ordered.index(value)
+            hi = n - 1 - ordered[::-1].index(value)
+            slack = 2 * n / 100 + 1
+            assert lo - slack <= q * n <= hi + slack
+
+
+def test_dead_tokens_file(
+    spark: Any, receipts_dir: Path, records: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    options = dead_tokens.JOB.resolve_options({})
+    result = dead_tokens.JOB.run(spark, str(receipts_dir), str(tmp_path), options)
+    path = tmp_path / "dead-tokens.jsonl"
+    assert result.outputs["dead-tokens.jsonl"] == str(path)
+    assert not list(tmp_path.glob("dead-tokens.jsonl.parts"))
+    lines = path.read_text().splitlines()
+    entries = [json.loads(line) for line in lines]
+    for entry in entries:
+        assert list(entry) == FIELDS
+        assert isinstance(entry["plugin"], str) and isinstance(entry["app_id"], str)
+        assert entry["provider"] in ("apns", "fcm", None)
+        assert isinstance(entry["token_hash"], str) and len(entry["token_hash"]) == 64
+        assert isinstance(entry["reason"], str)
+        assert isinstance(entry["failures"], int) and entry["failures"] >= 1
+        assert isinstance(entry["last_seen"], float)
+    got = {(e["plugin"], e["app_id"], e["provider"], e["token_hash"]): e for e in entries}
+    expected = reference.dead_tokens(records)
+    assert set(got) == set(expected)
+    for key, want in expected.items():
+        assert got[key]["reason"] == want["reason"]
+        assert got[key]["failures"] == want["failures"]
+        assert got[key]["last_seen"] == pytest.approx(want["last_seen"], abs=1e-6)
+    # the hand-written histories
+    by_hash = {e["token_hash"]: e for e in entries}
+    assert by_hash[synthetic.token_hash("dead-perm")]["reason"] == "BadDeviceToken"
+    assert by_hash[synthetic.token_hash("dead-perm")]["failures"] == 2
+    streak = by_hash[synthetic.token_hash("streak")]
+    assert (streak["reason"], streak["failures"], streak["provider"]) == (
+        "consecutive_transient_failures",
+        6,
+        "fcm",
+    )
+    for alive in ("revived", "outage", "few", "refused"):
+        assert synthetic.token_hash(alive) not in by_hash
+    assert not any(e["plugin"] == "marmot" for e in entries)
+    assert result.metrics["tokens_retired"] == len(entries)
+
+
+def test_dead_tokens_thresholds_are_options(
+    spark: Any, receipts_dir: Path, records: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    given = ["transient_failures=4", "min_span_hours=0", "window_hours=1000"]
+    options = dead_tokens.JOB.resolve_options(given)
+    dead_tokens.JOB.run(spark, str(receipts_dir), str(tmp_path), options)
+    entries = [json.loads(x) for x in (tmp_path / "dead-tokens.jsonl").read_text().splitlines()]
+    hashes = {e["token_hash"] for e in entries}
+    assert {synthetic.token_hash(t) for t in ("outage", "few", "streak")} <= hashes
+    expected = reference.dead_tokens(records, n=4, min_span_hours=0, window_hours=1000)
+    assert len(entries) == len(expected)
+
+
+def test_volume_anomalies_match_python(
+    spark: Any, receipts_dir: Path, records: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    options = volume_anomalies.JOB.resolve_options({})
+    result = volume_anomalies.JOB.run(spark, str(receipts_dir), str(tmp_path), options)
+    rows = _rows(result.outputs["anomalies.parquet"])
+    got = {(r["hour"], r["plugin"], r["kind"]): r for r in rows}
+    expected = reference.volume_anomalies(records)
+    assert set(got) == set(expected)
+    for key, want in expected.items():
+        assert got[key]["volume"] == want["volume"]
+        assert got[key]["baseline_volume"] == pytest.approx(want["baseline"], rel=1e-9)
+    h = 3600
+    start = int(reference.hour(min(r["ts"] for r in records)))
+    assert (start + 30 * h, "matrix", "volume_spike") in got
+    assert (start + 40 * h, "status", "failure_spike") in got
+    assert Path(result.outputs["anomalies.csv"]).read_text().startswith("hour,plugin,kind,")
+
+
+def test_malformed_lines_are_counted_with_file_and_line(spark: Any, tmp_path: Path) -> None:
+    receipts = tmp_path / "receipts"
+    receipts.mkdir()
+    items = list(synthetic.receipts(3000, seed=9, tokens=50))
+    synthetic.write_with_receipt_writer(items, receipts, roll_bytes=10**9)
+    (good,) = receipts.glob("*.jsonl")
+    lines = good.read_text().splitlines(keepends=True)
+    bad_at = {5: '{"v":1,"ts":17356', 1200: "not json at all", 2999: '{"v": 1}', 3001: "\n"}
+    for line_no in sorted(bad_at):  # 1-based positions in the final file
+        text = bad_at[line_no]
+        lines.insert(line_no - 1, text if text.endswith("\n") else text + "\n")
+    good.write_text("".join(lines))
+    (receipts / "wrong-version.jsonl").write_text(lines[0].replace('"v":1', '"v":2'))
+    (receipts / "truncated.jsonl").write_text(lines[0][:40])  # no newline at the end
+    # small splits: the 1 MB file is read by several tasks, line numbers must still hold
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "65536")
+    try:
+        source = read_receipts(spark, str(receipts))
+        assert source.df.count() == 3000
+        stats = source.stats()
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert stats.records == 3000
+    assert stats.bad == len(bad_at) + 2
+    located = {(Path(b.file).name, b.line) for b in stats.bad_lines}
+    assert located == {(good.name, n) for n in bad_at} | {
+        ("wrong-version.jsonl", 1),
+        ("truncated.jsonl", 1),
+    }
+    assert len(stats.bad_files) == 3
+
+
+def test_job_survives_bad_lines(spark: Any, tmp_path: Path) -> None:
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(list(synthetic.receipts(200, seed=4)), receipts)
+    (receipts / "broken.jsonl").write_text('{"v":1,"ts":1735689600.5,"push_id"\n')
+    options = volume_anomalies.JOB.resolve_options({})
+    result = volume_anomalies.JOB.run(spark, str(receipts), str(tmp_path / "out"), options)
+    assert (result.input.records, result.input.bad) == (200, 1)
+    assert result.input.bad_lines[0].line == 1
+
+
+def test_empty_directory_gives_empty_reports(spark: Any, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "receipts-20250101T000000Z-1-0001.jsonl.open").write_text("{}\n")  # being written
+    for job in (delivery_report.JOB, dead_tokens.JOB, volume_anomalies.JOB):
+        out = tmp_path / job.name
+        result = job.run(spark, str(empty), str(out), job.resolve_options({}))
+        assert result.input.records == 0 and result.input.files == 0
+    assert (tmp_path / "dead-tokens" / "dead-tokens.jsonl").read_text() == ""
+    summary = (tmp_path / "delivery-report" / "summary.csv").read_text().splitlines()
+    assert summary[0].startswith("hour,plugin,") and len(summary) == 1
+    assert (tmp_path / "delivery-report" / "chart.png").exists()
+    assert pq.read_table(tmp_path / "volume-anomalies" / "anomalies.parquet").num_rows == 0
+
+
+def test_missing_directory_is_an_error(spark: Any, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="receipts directory not found"):
+        read_receipts(spark, str(tmp_path / "nope"))
+
+
+def test_parquet_receipts_are_read_too(spark: Any, tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from gateway.core.receipts import receipt_record
+
+    receipts = tmp_path / "receipts"
+    items = list(synthetic.receipts(300, seed=5))
+    synthetic.write_with_receipt_writer(items[:100], receipts)
+    table = pa.Table.from_pylist([receipt_record(r) for r in items[100:]])
+    pq.write_table(table, receipts / "receipts-20250101T000000Z-9-0001.parquet")
+    source = read_receipts(spark, str(receipts))
+    total = source.df.groupBy().sum("latency_ms").first()[0]
+    assert source.stats().records == 300
+    assert math.isclose(total, sum(round(r.latency * 1000, 3) for r in items), rel_tol=1e-9)

@@ -1,0 +1,195 @@
+"""The plugin side of the Spark jobs: discovery, `pushgw spark` commands, options, imports.
+
+None of these start Spark (they run without pyspark or Java).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.api import hookimpl
+from spark_plugins import JobOption, JobResult, OptionError, SparkJob, plugin, runner
+from spark_plugins.jobs import collect_jobs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pushgw")
+    plugin.pushgw_commands(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def _run(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    return int(args.handler(args, None))
+
+
+class ThirdParty:
+    """A plugin from another package contributing its own job."""
+
+    ran: list[tuple[str, str, dict[str, Any]]] = []
+
+    @staticmethod
+    def _run(spark: Any, receipts: str, out: str, options: Any) -> JobResult:
+        ThirdParty.ran.append((receipts, out, dict(options)))
+        return JobResult("per-country")
+
+    @hookimpl
+    def pushgw_spark_jobs(self) -> list[SparkJob]:
+        return [
+            SparkJob(
+                "per-country",
+                "pushes per country",
+                self._run,
+                (JobOption("top", int, 10, "how many"),),
+            )
+        ]
+
+
+def test_builtin_jobs_come_from_the_hook() -> None:
+    names = [job.name for job in plugin.pushgw_spark_jobs()]
+    assert names == ["delivery-report", "dead-tokens", "volume-anomalies"]
+
+
+def test_jobs_of_every_plugin_are_discovered() -> None:
+    jobs = runner.discover_jobs(extra={"geo": ThirdParty()})
+    assert {"delivery-report", "dead-tokens", "volume-anomalies", "per-country"} <= set(jobs)
+
+
+def test_duplicate_job_names_are_refused() -> None:
+    job = plugin.pushgw_spark_jobs()
+    with pytest.raises(ValueError, match="two plugins define"):
+        collect_jobs([job, job])
+
+
+def test_spark_list_shows_jobs_and_options(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(
+        runner,
+        "discover_jobs",
+        lambda: collect_jobs([plugin.pushgw_spark_jobs(), ThirdParty().pushgw_spark_jobs()]),
+    )
+    assert _run(["spark", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("delivery-report", "dead-tokens", "volume-anomalies", "per-country"):
+        assert f"{name}\n" in out
+    assert "--option transient_failures=5" in out
+    assert "--option top=10" in out
+
+
+def test_spark_run_third_party_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(
+        runner, "discover_jobs", lambda: collect_jobs([ThirdParty().pushgw_spark_jobs()])
+    )
+    monkeypatch.setattr(runner, "spark_problem", lambda: None)
+
+    class FakeSpark:
+        stopped = False
+
+        def stop(self) -> None:
+            FakeSpark.stopped = True
+
+    seen: dict[str, Any] = {}
+
+    def fake_session(master: str | None, **kwargs: Any) -> FakeSpark:
+        seen["master"] = master
+        seen["conf"] = kwargs.get("conf")
+        return FakeSpark()
+
+    monkeypatch.setattr(runner, "get_session", fake_session)
+    argv = [
+        "spark",
+        "run",
+        "per-country",
+        "--receipts",
+        "r",
+        "--out",
+        "o",
+        "--option",
+        "top=3",
+        "--master",
+        "spark://h:7077",
+        "--conf",
+        "spark.executor.memory=4g",
+    ]
+    assert _run(argv) == 0
+    assert ThirdParty.ran[-1] == ("r", "o", {"top": 3})
+    assert seen == {"master": "spark://h:7077", "conf": {"spark.executor.memory": "4g"}}
+    assert FakeSpark.stopped
+    assert "per-country: 0 receipts" in capsys.readouterr().out
+
+
+def test_spark_run_usage_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(runner, "spark_problem", lambda: None)
+    base = ["--receipts", "r", "--out", "o"]
+    assert _run(["spark", "run", "no-such-job", *base]) == 2
+    assert "unknown job 'no-such-job'" in capsys.readouterr().err
+    assert _run(["spark", "run", "dead-tokens", *base, "--option", "nope=1"]) == 2
+    assert "unknown option 'nope'" in capsys.readouterr().err
+    assert _run(["spark", "run", "dead-tokens", *base, "--option", "transient_failures=x"]) == 2
+    assert "transient_failures" in capsys.readouterr().err
+
+
+def test_spark_run_without_spark_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spark_plugins import session
+
+    monkeypatch.setattr(runner, "spark_problem", lambda: session.PYSPARK_HELP)
+    assert _run(["spark", "run", "delivery-report", "--receipts", "r", "--out", "o"]) == 2
+    assert "pip install 'pushgw[spark]'" in capsys.readouterr().err
+    monkeypatch.setenv("JAVA_HOME", "/nonexistent")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    problem = session.java_problem()
+    assert problem is not None and "Java 17" in problem and "JAVA_HOME" in problem
+
+
+def test_options_are_typed() -> None:
+    from spark_plugins.dead_tokens import JOB
+
+    options = JOB.resolve_options(
+        ["transient_failures=7", "permanent_statuses=token_invalid, permanent", "now=1.5e9"]
+    )
+    assert options["transient_failures"] == 7
+    assert options["permanent_statuses"] == ("token_invalid", "permanent")
+    assert options["now"] == 1.5e9
+    assert options["window_hours"] == 168.0
+    with pytest.raises(OptionError):
+        JOB.resolve_options(["window_hours"])
+    from spark_plugins.delivery_report import JOB as REPORT
+
+    assert REPORT.resolve_options(["chart=no"])["chart"] is False
+
+
+def test_importing_the_plugin_does_not_import_pyspark() -> None:
+    code = (
+        "import sys, spark_plugins.plugin, spark_plugins.runner, spark_plugins.builtin\n"
+        "assert 'pyspark' not in sys.modules, 'pyspark imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    "script", ["delivery_report", "dead_tokens", "volume_anomalies", "run_job"]
+)
+def test_submit_scripts_are_plain_scripts(script: str) -> None:
+    from spark_plugins.submit import DIR
+
+    path = Path(DIR) / f"{script}.py"
+    proc = subprocess.run(
+        [sys.executable, str(path), "--help"], capture_output=True, text=True, cwd="/"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--receipts" in proc.stdout and "--out" in proc.stdout
