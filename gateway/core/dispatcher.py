@@ -14,10 +14,10 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway.config import DeliveryConfig
-from gateway.core.metrics import Metrics
+from gateway.core.metrics import LaneMetrics, Metrics
 from gateway.core.providers import ProviderClient
 from gateway.core.push import Attempt, InvalidToken, Outcome, Push, Reason, Receipt
 from gateway.core.tokens import InvalidationGuard, TokenInvalidation
@@ -69,9 +69,9 @@ class Lane:
     semaphore: asyncio.Semaphore
     breaker: CircuitBreaker
     guard: InvalidationGuard
+    metrics: LaneMetrics
     pending: int = 0
     gate_until: float = 0.0  # monotonic time before which the credential is throttled
-    labels: dict[str, object] = field(default_factory=dict)
 
 
 def backoff_delay(retry: int, base: float, cap: float) -> float:
@@ -117,6 +117,7 @@ class Dispatcher:
                 self.config.invalidation_guard_ratio,
                 self.config.invalidation_guard_window,
             ),
+            metrics=LaneMetrics(self.metrics, plugin, client.kind.value, app_id),
         )
         self._lanes[(plugin, app_id)] = lane
 
@@ -167,7 +168,7 @@ class Dispatcher:
         lane.pending += 1
         self._in_flight += 1
         self._idle.clear()
-        gauge = self.metrics.in_flight.labels(lane.client.kind.value, lane.app_id)
+        gauge = lane.metrics.in_flight
         gauge.inc()
         try:
             return await self._deliver(push, lane)
@@ -240,7 +241,7 @@ class Dispatcher:
             if finished + delay >= deadline:
                 return await self._final(push, lane, attempt, attempts)
             retries += 1
-            self.metrics.retries.labels(push.plugin, client.kind.value, lane.app_id).inc()
+            lane.metrics.retries.inc()
             await asyncio.sleep(delay)
 
     def _retry_delay(self, attempt: Attempt, retries: int) -> float:
@@ -264,10 +265,10 @@ class Dispatcher:
         except TimeoutError:
             return False
 
-    def _observe_attempt(self, lane: Lane, attempt: Attempt, seconds: float) -> None:
-        kind = lane.client.kind.value
-        self.metrics.attempts.labels(kind, lane.app_id, attempt.outcome.value).inc()
-        self.metrics.provider_latency.labels(kind, lane.app_id).observe(seconds)
+    @staticmethod
+    def _observe_attempt(lane: Lane, attempt: Attempt, seconds: float) -> None:
+        lane.metrics.attempt(attempt.outcome.value).inc()
+        lane.metrics.provider_latency.observe(seconds)
 
     async def _token_invalid(
         self, push: Push, lane: Lane, attempt: Attempt, attempts: int
@@ -341,11 +342,13 @@ class Dispatcher:
             provider_id=attempt.provider_id,
             detail=attempt.detail,
         )
-        kind = provider.value if provider else "none"
-        self.metrics.pushes.labels(
-            push.plugin, kind, push.app_id, receipt.outcome.value, receipt.reason or ""
-        ).inc()
-        self.metrics.push_latency.labels(push.plugin, kind).observe(receipt.latency)
+        if lane is not None:
+            lane.metrics.push(receipt.outcome.value, receipt.reason or "").inc()
+            lane.metrics.push_latency.observe(receipt.latency)
+        else:
+            self.metrics.pushes.labels(
+                push.plugin, "none", push.app_id, receipt.outcome.value, receipt.reason or ""
+            ).inc()
         if self.sink is not None:
             await self.sink(push, receipt)
         return receipt

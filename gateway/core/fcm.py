@@ -61,7 +61,10 @@ class FcmClient:
     ) -> None:
         self.app_id = app_id
         self.config = config
-        self.max_in_flight = config.max_in_flight
+        # One request per HTTP/1.1 connection: more in flight would only queue inside
+        # aiohttp, where the wait eats the request timeout. Let them queue in the
+        # dispatcher's lane instead, which is deadline-aware.
+        self.max_in_flight = min(config.max_in_flight, config.max_connections)
         certificate = credentials.Certificate(str(config.service_account_file))
         self._credential: Any = certificate.get_credential()
         if config.token_uri:
@@ -172,13 +175,7 @@ class FcmClient:
                 return _refusal(
                     Reason.PAYLOAD_TOO_LARGE, f"FCM data is {size} bytes, limit {limit}"
                 )
-        try:
-            _encode(payload)
-        except (TypeError, ValueError) as exc:
-            return _refusal(
-                Reason.INVALID_PAYLOAD, f"FCM message is not JSON-encodable ({type(exc).__name__})"
-            )
-        return None
+        return None  # encodability is checked where the body is encoded, once, in send()
 
     async def send(self, push: Push) -> Attempt:
         session = self._session
