@@ -383,7 +383,6 @@ async def test_data_size_limit(
         {"data": ["not", "a", "map"]},
         {"topic": "news"},
         {"token": "other"},
-        {"android": {"x": float("nan")}},
     ],
 )
 async def test_invalid_payloads_refused(make_client: MakeClient, payload: dict[str, Any]) -> None:
@@ -391,6 +390,17 @@ async def test_invalid_payloads_refused(make_client: MakeClient, payload: dict[s
     refusal = client.validate(push_for(token(), payload))
     assert refusal is not None
     assert (refusal.outcome, refusal.reason) == (Outcome.PERMANENT, Reason.INVALID_PAYLOAD)
+
+
+async def test_unencodable_message_refused_without_a_request(
+    make_client: MakeClient, sim: FcmSimulator
+) -> None:
+    # JSON encodability is checked where the body is encoded (once per send)
+    client = await make_client()
+    attempt = await client.send(push_for(token(), {"android": {"x": float("nan")}}))
+    assert (attempt.outcome, attempt.reason) == (Outcome.PERMANENT, Reason.INVALID_PAYLOAD)
+    assert attempt.status is None
+    assert sim.requests == []
 
 
 async def test_send_before_start_is_transient(make_client: MakeClient) -> None:
