@@ -17,7 +17,7 @@ from gateway.config import (
 )
 from gateway.context import CommandContext, PluginContext, Service
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.metrics import Metrics
+from gateway.core.metrics import Children, Metrics
 from gateway.core.push import (
     ApnsOptions,
     InvalidToken,
@@ -38,6 +38,7 @@ __all__ = [
     "ApnsAppConfig",
     "ApnsOptions",
     "AppConfig",
+    "Children",
     "CommandContext",
     "ConfigModel",
     "Dispatcher",

@@ -32,7 +32,7 @@ from gateway.config import (
 )
 from gateway.context import PluginContext, Runtime, Service, TokenHasher
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.metrics import MULTIPROC_ENV, Metrics
+from gateway.core.metrics import MULTIPROC_ENV, Children, Metrics
 from gateway.core.providers import ProviderClient
 from gateway.core.push import InvalidToken, Push, Receipt
 from gateway.core.receipts import ReceiptWriter
@@ -311,6 +311,8 @@ def _multiproc() -> bool:
 
 
 def _request_middleware(metrics: Metrics) -> Any:
+    http_requests = Children(metrics.http_requests)
+
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
@@ -331,7 +333,7 @@ def _request_middleware(metrics: Metrics) -> Any:
                 {"error": "internal error", "request_id": rid[:64]}, status=500
             )
         finally:
-            metrics.http_requests.labels(_route_of(request), request.method, str(status)).inc()
+            http_requests(_route_of(request), request.method, str(status)).inc()
             request_id.reset(token)
 
     return middleware

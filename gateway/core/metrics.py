@@ -113,6 +113,24 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class Children:
+    """Cached `metric.labels(...)` children for hot paths.
+
+    prometheus-client validates label values on every `labels()` call (microseconds
+    each); `Children(metric)(*values)` resolves each distinct combination once.
+    """
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
 class LaneMetrics:
     """The metric children of one (plugin, app) lane, resolved once.
 

@@ -88,7 +88,7 @@ class MatrixFrontend:
             raise web.HTTPMethodNotAllowed(request.method, ["POST"])
         started = time.perf_counter()
         if self.sygnal:
-            gauge = self.metrics.in_flight.labels("notify")
+            gauge = self.metrics.requests_in_flight
             gauge.inc()
         try:
             response = await self._notify(request)
@@ -97,8 +97,8 @@ class MatrixFrontend:
                 gauge.dec()
         if self.sygnal:
             code = str(response.status)
-            self.metrics.status_codes.labels(code).inc()
-            self.metrics.notify_time.labels(code).observe(time.perf_counter() - started)
+            self.metrics.status_code(code).inc()
+            self.metrics.notify_time_for(code).observe(time.perf_counter() - started)
         return response
 
     async def _notify(self, request: web.Request) -> web.Response:
@@ -156,7 +156,7 @@ class MatrixFrontend:
             return Result.REJECTED
         app = self.apps[route.app]
         if self.sygnal:
-            self.metrics.per_pushkin.labels(app.name).inc()
+            self.metrics.per_pushkin_for(app.name).inc()
         try:
             planned = plan(n, device, app.config)
             if planned is None:
@@ -223,6 +223,6 @@ class MatrixFrontend:
             time.perf_counter() - started
         )
         if receipt.status is not None:
-            counter = self.metrics.apns_status if apns else self.metrics.gcm_status
-            counter.labels(app.name, str(receipt.status)).inc()
+            counter = self.metrics.apns_status_for if apns else self.metrics.gcm_status_for
+            counter(app.name, str(receipt.status)).inc()
         return receipt

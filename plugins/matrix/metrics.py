@@ -12,6 +12,8 @@ import weakref
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.api import Children
+
 __all__ = ["SygnalMetrics", "metrics_for"]
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -122,6 +124,13 @@ class SygnalMetrics:
             ["pushkin", "code"],
             registry=r,
         )
+        # Cached children for the per-request path (labels() validates on every call).
+        self.requests_in_flight = self.in_flight.labels("notify")
+        self.status_code = Children(self.status_codes)
+        self.notify_time_for = Children(self.notify_time)
+        self.per_pushkin_for = Children(self.per_pushkin)
+        self.apns_status_for = Children(self.apns_status)
+        self.gcm_status_for = Children(self.gcm_status)
 
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, SygnalMetrics] = (
