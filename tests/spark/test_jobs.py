@@ -37,7 +37,7 @@ def records(receipts_dir: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def report(spark: Any, receipts_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     out = tmp_path_factory.mktemp("report")
-    options = delivery_report.JOB.resolve_options({})
+    options = delivery_report.JOB.resolve_options({"percentiles": "exact"})
     return delivery_report.JOB.run(spark, str(receipts_dir), str(out), options)
 
 
@@ -92,10 +92,13 @@ def test_delivery_report_files(report: Any) -> None:
     assert result["metrics"]["receipts"] == report.input.records
 
 
-def test_approx_percentiles_within_rank_bound(
-    spark: Any, receipts_dir: Path, records: list[dict[str, Any]]
+@pytest.mark.parametrize("given", [["percentiles=approx", "accuracy=100"], ["sketch_k=100"]])
+def test_approximate_percentiles_within_rank_bound(
+    spark: Any, receipts_dir: Path, records: list[dict[str, Any]], given: list[str]
 ) -> None:
-    options = delivery_report.JOB.resolve_options(["percentiles=approx", "accuracy=100"])
+    """`approx` (percentile_approx, accuracy 100) and the default `sketch` (KLL, k=100):
+    every other number is exact, each percentile is a sample within 2n/100 + 1 ranks."""
+    options = delivery_report.JOB.resolve_options(given)
     source = read_receipts(spark, str(receipts_dir))
     tables = delivery_report.build_tables(source.df, options)
     got = {
@@ -104,6 +107,11 @@ def test_approx_percentiles_within_rank_bound(
         .withColumn("hour", tables["hourly"]["hour"].cast("long"))
         .collect()
     }
+    for hour, want in reference.delivery_hourly(records).items():
+        for name in ("total", "ok", "transient", "attempts", "retries", "retried"):
+            assert got[hour][name] == want[name], name
+        assert got[hour]["latency_mean"] == pytest.approx(want["latency_mean"], rel=1e-9)
+        assert got[hour]["latency_max"] == want["latency_max"]
     by_hour: dict[int, list[float]] = {}
     for r in records:
         by_hour.setdefault(reference.hour(r["ts"]), []).append(r["latency_ms"])
@@ -200,10 +208,15 @@ def test_malformed_lines_are_counted_with_file_and_line(spark: Any, tmp_path: Pa
     synthetic.write_with_receipt_writer(items, receipts, roll_bytes=10**9)
     (good,) = receipts.glob("*.jsonl")
     lines = good.read_text().splitlines(keepends=True)
-    bad_at = {5: '{"v":1,"ts":17356', 1200: "not json at all", 2999: '{"v": 1}', 3001: "\n"}
-    for line_no in sorted(bad_at):  # 1-based positions in the final file
-        text = bad_at[line_no]
-        lines.insert(line_no - 1, text if text.endswith("\n") else text + "\n")
+    bad_at = {
+        5: '{"v":1,"ts":17356',
+        1200: "not json at all",
+        2999: '{"v": 1}',
+        3001: '{"v":1,"ts":"yesterday"}',
+    }
+    inserts = {**bad_at, 1501: ""}  # an empty line is ignored, but it is a line
+    for line_no in sorted(inserts):  # 1-based positions in the final file
+        lines.insert(line_no - 1, inserts[line_no] + "\n")
     good.write_text("".join(lines))
     (receipts / "wrong-version.jsonl").write_text(lines[0].replace('"v":1', '"v":2'))
     (receipts / "truncated.jsonl").write_text(lines[0][:40])  # no newline at the end

@@ -1,0 +1,182 @@
+"""Benchmark: the Spark receipts jobs at 1M and 10M receipts, JSON Lines vs Parquet.
+
+    .venv/bin/python bench/spark_receipts.py [--sizes 1000000,10000000] [--data DIR]
+        [--json bench/results/spark_receipts.json] [--master local[*]] [--formats jsonl,parquet]
+
+For each size, receipts are generated once (kept in `--data` and reused by later runs):
+JSON Lines exactly as the gateway's writer lays them out (`receipt_record()` + the
+writer's `json.dumps` settings, ~64 MiB files, written from a process pool:
+`spark_plugins.synthetic.write_jsonl_fast`), and the same records as Parquet (snappy,
+what a Parquet rollover of the writer would hold), converted by Spark.
+
+Measured in one Spark session, per size and format (page cache warm: every input is
+read once before the timed runs):
+
+- `scan`: the bare scan, `count()` of the same files (`spark.read.text(...).count()` for
+  JSON Lines: every byte read, lines split, nothing parsed; for Parquet `count()` is
+  answered from the file footers, so `scan` is nearly free there);
+- `parse`: the receipts reader's validated DataFrame counted (JSON parse + checks);
+- `report`: the whole `delivery-report` job (tables, Parquet + CSV, chart, page).
+
+Targets: report <= 3x scan; 10x the data <= 12x the time. Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from spark_plugins import delivery_report  # noqa: E402
+from spark_plugins.reader import read_receipts  # noqa: E402
+from spark_plugins.session import get_session  # noqa: E402
+from spark_plugins.synthetic import write_jsonl_fast  # noqa: E402
+
+
+def _size_label(n: int) -> str:
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else str(n)
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def prepare(spark: Any, n: int, data: Path, formats: list[str]) -> dict[str, Path]:
+    base = data / _size_label(n)
+    jsonl, parquet = base / "jsonl", base / "parquet"
+    marker = base / "count"
+    if not (marker.exists() and marker.read_text().strip() == str(n)):
+        shutil.rmtree(base, ignore_errors=True)
+        started = time.monotonic()
+        print(f"generating {n:,} receipts in {jsonl} ...", file=sys.stderr, flush=True)
+        written = write_jsonl_fast(n, jsonl)
+        assert written == n, (written, n)
+        print(f"  {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+        marker.write_text(str(n))
+    paths = {"jsonl": jsonl}
+    if "parquet" in formats:
+        if not (parquet / "_SUCCESS").exists():
+            print(f"converting to Parquet in {parquet} ...", file=sys.stderr, flush=True)
+            source = read_receipts(spark, str(jsonl))
+            source.df.write.mode("overwrite").option("compression", "snappy").parquet(str(parquet))
+            for crc in parquet.glob(".*.crc"):
+                crc.unlink()
+        paths["parquet"] = parquet
+    return paths
+
+
+def timed(fn: Any) -> tuple[float, Any]:
+    started = time.monotonic()
+    value = fn()
+    return time.monotonic() - started, value
+
+
+def measure(spark: Any, fmt: str, path: Path, out: Path, options: dict[str, Any]) -> dict[str, Any]:
+    reader = spark.read.option("recursiveFileLookup", "true")
+    if fmt == "jsonl":
+
+        def scan() -> int:
+            return reader.option("pathGlobFilter", "*.jsonl").text(str(path)).count()
+    else:
+
+        def scan() -> int:
+            return reader.option("pathGlobFilter", "*.parquet").parquet(str(path)).count()
+
+    scan()  # warm the page cache and the JIT
+    scan_s, rows = timed(scan)
+    parse_s, parsed = timed(lambda: read_receipts(spark, str(path)).df.count())
+    shutil.rmtree(out, ignore_errors=True)
+    report_s, result = timed(lambda: delivery_report.JOB.run(spark, str(path), str(out), options))
+    assert rows == parsed == result.metrics["receipts"], (rows, parsed, result.metrics)
+    return {
+        "format": fmt,
+        "receipts": rows,
+        "bytes": _du(path),
+        "files": result.input.files,
+        "scan_s": round(scan_s, 2),
+        "parse_s": round(parse_s, 2),
+        "report_s": round(report_s, 2),
+        "report_over_scan": round(report_s / scan_s, 2),
+        "report_over_parse": round(report_s / parse_s, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000000,10000000")
+    parser.add_argument("--formats", default="jsonl,parquet")
+    parser.add_argument("--data", default=os.environ.get("PUSHGW_BENCH_DATA", "/tmp/pushgw-bench"))
+    parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "spark_receipts.json"))
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--percentiles", default="exact", choices=["exact", "approx"])
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    formats = [f for f in args.formats.split(",") if f]
+    data = Path(args.data)
+    spark = get_session(args.master, app_name="pushgw-bench")
+    options = delivery_report.JOB.resolve_options({"percentiles": args.percentiles})
+    results = []
+    try:
+        for n in sizes:
+            paths = prepare(spark, n, data, formats)
+            for fmt in formats:
+                print(f"measuring {fmt} {n:,} ...", file=sys.stderr, flush=True)
+                row = measure(spark, fmt, paths[fmt], data / "out" / f"{n}-{fmt}", options)
+                row["size"] = _size_label(n)
+                results.append(row)
+    finally:
+        spark.stop()
+    scaling = {}
+    for fmt in formats:
+        rows = sorted((r for r in results if r["format"] == fmt), key=lambda r: r["receipts"])
+        if len(rows) >= 2:
+            small, big = rows[0], rows[-1]
+            scaling[fmt] = {
+                "data_ratio": round(big["receipts"] / small["receipts"], 1),
+                "scan_ratio": round(big["scan_s"] / small["scan_s"], 2),
+                "report_ratio": round(big["report_s"] / small["report_s"], 2),
+            }
+    header = f"{'size':>5} {'format':8} {'MB':>7} {'scan s':>8} {'parse s':>8} {'report s':>9} "
+    header += f"{'rep/scan':>8} {'rep/parse':>9}"
+    print(header)
+    for r in results:
+        print(
+            f"{r['size']:>5} {r['format']:8} {r['bytes'] / 2**20:7.0f} {r['scan_s']:8.2f} "
+            f"{r['parse_s']:8.2f} {r['report_s']:9.2f} {r['report_over_scan']:8.2f} "
+            f"{r['report_over_parse']:9.2f}"
+        )
+    for fmt, s in scaling.items():
+        print(
+            f"scaling {fmt}: {s['data_ratio']}x data -> scan {s['scan_ratio']}x, "
+            f"report {s['report_ratio']}x time"
+        )
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    record = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_after": load,
+        },
+        "master": args.master,
+        "percentiles": args.percentiles,
+        "results": results,
+        "scaling": scaling,
+    }
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""`dead-tokens`: token hashes to retire, as a file `pushgw tokens retire FILE` feeds back.
+
+A token (identified by plugin, app_id, provider and its keyed `token_hash`; receipts
+without a hash, e.g. Marmot's, are never considered) is retired when either:
+
+1. **permanent**: it has a receipt whose status is in `permanent_statuses` (default
+   `token_invalid`, the provider saying the token will never work again) and no `ok`
+   receipt after the last such one (a later success proves the token alive). Add
+   `permanent` to the option to also retire tokens whose pushes were refused as
+   malformed, which is usually a gateway or plugin bug, not a dead token.
+2. **transient streak**: its receipts since its last `ok` include at least
+   `transient_failures` (N, default 5) failures with a status in `transient_statuses`
+   (default `transient`) that reached the provider (`attempts > 0`; the gateway's own
+   refusals such as `queue_full` or `circuit_open` say nothing about the token),
+   counting only failures inside the trailing window of `window_hours` (default 168)
+   before `now` (default: the newest receipt), and the streak spans at least
+   `min_span_hours` (default 24) from its first to its last failure, so that a short
+   provider outage retires nothing. Receipts with other statuses (`auth`, `throttled`)
+   neither count nor break a streak.
+
+Output: `dead-tokens.jsonl` in `--out`, one JSON object per token, sorted by plugin,
+app and hash (see docs/spark.md for the exact format):
+`{"plugin", "app_id", "provider", "token_hash", "reason", "failures", "last_seen"}`.
+`reason` is the provider's reason of the last permanent failure (e.g. `BadDeviceToken`)
+or `consecutive_transient_failures`; `failures` the number of failures behind the
+decision; `last_seen` the unix time of the token's newest receipt.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from spark_plugins.jobs import JobOption, JobResult, SparkJob
+from spark_plugins.output import ensure_dir, join, write_json, write_single
+from spark_plugins.reader import read_receipts, report_bad_input
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+NAME = "dead-tokens"
+FILE = "dead-tokens.jsonl"
+STREAK_REASON = "consecutive_transient_failures"
+FIELDS = ("plugin", "app_id", "provider", "token_hash", "reason", "failures", "last_seen")
+
+OPTIONS = (
+    JobOption("permanent_statuses", tuple, ("token_invalid",), "statuses that retire at once"),
+    JobOption("transient_statuses", tuple, ("transient",), "statuses counted in a streak"),
+    JobOption("transient_failures", int, 5, "N: consecutive transient failures that retire"),
+    JobOption("window_hours", float, 168.0, "streak failures counted in this trailing window"),
+    JobOption("min_span_hours", float, 24.0, "a streak must span at least this long"),
+    JobOption("now", float, None, "end of the window, unix seconds (default: newest receipt)"),
+    JobOption("max_bad_lines", int, 100, "bad receipt lines reported with file and line"),
+)
+
+KEYS = ("plugin", "app_id", "provider", "token_hash")
+
+
+def per_token(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
+    """One row per token with the facts the decision needs (no window applied yet)."""
+    from pyspark.sql import functions as F
+
+    status = F.col("status")
+    perm = status.isin(*options["permanent_statuses"])
+    transient = status.isin(*options["transient_statuses"]) & (F.col("attempts") > 0)
+    return (
+        receipts.filter(F.col("token_hash").isNotNull())
+        .groupBy(*KEYS)
+        .agg(
+            F.max("ts").alias("last_seen"),
+            F.max(F.when(status == "ok", F.col("ts"))).alias("last_ok"),
+            # the newest permanent failure and its reason (struct order: ts first)
+            F.max(F.when(perm, F.struct("ts", F.coalesce("reason", "status").alias("r")))).alias(
+                "last_perm"
+            ),
+            F.collect_list(F.when(perm, F.col("ts"))).alias("perm_ts"),
+            F.collect_list(F.when(transient, F.col("ts"))).alias("fail_ts"),
+        )
+    )
+
+
+def decide(tokens: DataFrame, end: float, options: Mapping[str, Any]) -> DataFrame:
+    """The tokens to retire, in the dead-token file's columns."""
+    from pyspark.sql import functions as F
+
+    cutoff = end - float(options["window_hours"]) * 3600
+    since_ok = F.coalesce(F.col("last_ok"), F.lit(float("-inf")))
+    streak = F.filter(
+        "fail_ts", lambda t: (t > since_ok) & (t >= F.lit(cutoff)) & (t <= F.lit(end))
+    )
+    perms = F.filter("perm_ts", lambda t: t > since_ok)
+    with_facts = tokens.select(
+        *KEYS,
+        "last_seen",
+        F.col("last_perm.ts").alias("perm_at"),
+        F.col("last_perm.r").alias("perm_reason"),
+        since_ok.alias("since_ok"),
+        F.size(perms).alias("perm_n"),
+        F.size(streak).alias("streak_n"),
+        (F.array_max(streak) - F.array_min(streak)).alias("streak_span"),
+    )
+    permanent = F.col("perm_at").isNotNull() & (F.col("perm_at") > F.col("since_ok"))
+    streaky = (F.col("streak_n") >= int(options["transient_failures"])) & (
+        F.col("streak_span") >= float(options["min_span_hours"]) * 3600
+    )
+    return (
+        with_facts.filter(permanent | streaky)
+        .select(
+            *KEYS,
+            F.when(permanent, F.col("perm_reason")).otherwise(F.lit(STREAK_REASON)).alias("reason"),
+            F.when(permanent, F.col("perm_n")).otherwise(F.col("streak_n")).alias("failures"),
+            F.col("last_seen").cast("decimal(20,6)").alias("last_seen"),
+        )
+        .select(*FIELDS)
+    )
+
+
+SORT = ["plugin", "app_id", "token_hash", "provider"]
+
+
+def run(
+    spark: SparkSession, receipts_dir: str, out_dir: str, options: Mapping[str, Any]
+) -> JobResult:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    source = read_receipts(spark, receipts_dir, max_reported=int(options["max_bad_lines"]))
+    tokens = per_token(source.df, options).persist(StorageLevel.MEMORY_AND_DISK)
+    result = JobResult(NAME)
+    try:
+        print(f"pushgw spark: {NAME}: reading receipts from {receipts_dir}", file=sys.stderr)
+        newest = tokens.agg(F.max("last_seen"), F.count(F.lit(1))).first()
+        result.input = source.stats()
+        report_bad_input(result.input)
+        end = options["now"]
+        if end is None:
+            end = float(newest[0]) if newest and newest[0] is not None else time.time()
+        dead = decide(tokens, float(end), options).persist(StorageLevel.MEMORY_AND_DISK)
+        ensure_dir(spark, out_dir)
+        path = write_single(
+            dead.coalesce(1).sortWithinPartitions(*SORT),
+            join(out_dir, FILE),
+            "json",
+            {"ignoreNullFields": "false"},
+        )
+        counts = dead.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()
+        by_reason = {row["reason"]: row["n"] for row in counts}
+        dead.unpersist()
+    finally:
+        tokens.unpersist()
+    result.outputs[FILE] = path
+    result.metrics = {
+        "tokens_seen": int(newest[1]) if newest else 0,
+        "tokens_retired": sum(by_reason.values()),
+        "by_reason": by_reason,
+        "window_end": end,
+    }
+    result.seconds = time.monotonic() - started
+    result.outputs[f"result-{NAME}.json"] = write_json(
+        spark, join(out_dir, f"result-{NAME}.json"), result.as_dict()
+    )
+    return result
+
+
+JOB = SparkJob(
+    name=NAME,
+    description="Token hashes to retire (permanent failure, or N consecutive transient "
+    "failures over a window) as dead-tokens.jsonl for `pushgw tokens retire`",
+    run=run,
+    options=OPTIONS,
+    submit_script="dead_tokens.py",
+)

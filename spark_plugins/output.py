@@ -1,0 +1,138 @@
+"""Writing job outputs to a local directory or any Hadoop file system URI.
+
+Tables are written twice: as a Parquet directory (`NAME.parquet/`, for tools) and as
+one CSV file with a header (`NAME.csv`, for people). Small single files (`*.jsonl`,
+PNG, HTML, JSON) are written through the Hadoop FileSystem API, so `--out hdfs://...`
+or `s3a://...` works from a cluster exactly like a local path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from spark_plugins.reader import is_local
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+CSV_OPTIONS = {
+    "header": "true",
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss'Z'",
+    "nullValue": "",
+}
+
+
+def join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+def _local(path: str) -> str:
+    return path[len("file:") :] if path.startswith("file:") else path
+
+
+def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    jvm: Any = spark.sparkContext._jvm
+    jpath = jvm.org.apache.hadoop.fs.Path(path)
+    return jpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), jpath
+
+
+def ensure_dir(spark: SparkSession, path: str) -> None:
+    if is_local(path):
+        os.makedirs(_local(path), exist_ok=True)
+    else:
+        fs, jpath = _fs(spark, path)
+        fs.mkdirs(jpath)
+
+
+def write_bytes(spark: SparkSession, path: str, data: bytes) -> str:
+    """Write one small file (chart, page, summary) and return its path."""
+    if is_local(path):
+        local = _local(path)
+        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+        tmp = local + ".tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, local)
+        return local
+    fs, jpath = _fs(spark, path)
+    stream = fs.create(jpath, True)
+    try:
+        stream.write(bytearray(data))
+    finally:
+        stream.close()
+    return path
+
+
+def write_json(spark: SparkSession, path: str, obj: Any) -> str:
+    return write_bytes(spark, path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+
+def write_single(
+    df: DataFrame, path: str, fmt: str, options: dict[str, str], empty: bytes = b""
+) -> str:
+    """Write a small DataFrame as exactly one file at `path` (coalesce + rename).
+
+    `empty` is what the file holds when `df` has no rows and Spark writes no part file.
+    """
+    spark = df.sparkSession
+    tmp = path + ".parts"
+    df.coalesce(1).write.mode("overwrite").format(fmt).options(**options).save(tmp)
+    fs, jtmp = _fs(spark, tmp)
+    jvm: Any = spark.sparkContext._jvm
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    parts = [
+        status.getPath()
+        for status in fs.listStatus(jtmp)
+        if status.getPath().getName().startswith("part-")
+    ]
+    fs.delete(target, False)
+    if parts:
+        fs.rename(parts[0], target)
+        fs.delete(jtmp, True)
+        if is_local(path):  # drop the checksum file of the renamed part, if any
+            crc = os.path.join(os.path.dirname(_local(path)), f".{os.path.basename(path)}.crc")
+            if os.path.exists(crc):
+                os.remove(crc)
+        return _local(path) if is_local(path) else path
+    fs.delete(jtmp, True)
+    return write_bytes(spark, path, empty)
+
+
+def write_table(
+    df: DataFrame, out_dir: str, name: str, sort: list[str], *, collect: bool = False
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """`NAME.parquet/` and `NAME.csv` under `out_dir`, rows sorted by `sort`.
+
+    The (small, aggregated) table is computed once with full parallelism and cached;
+    both files are then written from one sorted partition, which needs no range
+    partitioning pass. Returns ({"NAME.parquet": path, "NAME.csv": path}, rows), where
+    rows (as dicts) are collected to the driver only when `collect` is true.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    cached = df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        single = cached.coalesce(1).sortWithinPartitions(*sort)
+        parquet = join(out_dir, f"{name}.parquet")
+        single.write.mode("overwrite").parquet(parquet)
+        header = (",".join(df.columns) + "\n").encode()
+        csv = write_single(single, join(out_dir, f"{name}.csv"), "csv", CSV_OPTIONS, empty=header)
+        rows = []
+        if collect:  # timestamps as epoch seconds: independent of the driver's time zone
+            plain = single.select(
+                *[
+                    F.col(f.name).cast("long") if f.dataType.typeName() == "timestamp" else f.name
+                    for f in single.schema.fields
+                ]
+            )
+            rows = [row.asDict() for row in plain.collect()]
+    finally:
+        cached.unpersist()
+    paths = {
+        f"{name}.parquet": _local(parquet) if is_local(parquet) else parquet,
+        f"{name}.csv": csv,
+    }
+    return paths, rows

@@ -1,0 +1,144 @@
+"""The delivery report's chart (PNG, matplotlib) and self-contained HTML page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spark_plugins.jobs import JobResult
+
+
+def _hours(rows: list[dict[str, Any]]) -> list[datetime]:
+    return [datetime.fromtimestamp(int(r["hour"]), tz=UTC) for r in rows]
+
+
+def _col(rows: list[dict[str, Any]], name: str) -> list[float]:
+    return [float("nan") if r[name] is None else float(r[name]) for r in rows]
+
+
+def chart_png(hourly: list[dict[str, Any]]) -> bytes:
+    """Three panels over time: volume (ok / failed), success rate, latency p50/p95/p99."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (vol, rate, lat) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    if hourly:
+        hours = _hours(hourly)
+        width = 1 / 24 * 0.9
+        ok = _col(hourly, "ok")
+        failed = [t - o for t, o in zip(_col(hourly, "total"), ok, strict=True)]
+        vol.bar(hours, ok, width=width, color="#4c9a2a", label="ok")
+        vol.bar(hours, failed, width=width, bottom=ok, color="#c0392b", label="not ok")
+        vol.legend(loc="upper left")
+        rate.plot(
+            hours, [x * 100 for x in _col(hourly, "success_rate")], marker=".", color="#1f77b4"
+        )
+        rate.set_ylim(0, 101)
+        for column, colour in (
+            ("latency_p50", "#2ca02c"),
+            ("latency_p95", "#ff7f0e"),
+            ("latency_p99", "#d62728"),
+        ):
+            lat.plot(
+                hours,
+                _col(hourly, column),
+                marker=".",
+                color=colour,
+                label=column.removeprefix("latency_"),
+            )
+        lat.legend(loc="upper left")
+    else:
+        vol.text(0.5, 0.5, "no receipts", ha="center", va="center", transform=vol.transAxes)
+    vol.set_ylabel("pushes / hour")
+    vol.set_title("Delivery volume (UTC hours)")
+    rate.set_ylabel("success rate (%)")
+    lat.set_ylabel("latency (ms)")
+    lat.set_xlabel("hour (UTC)")
+    for ax in (vol, rate, lat):
+        ax.grid(alpha=0.3)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return ""
+        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    return str(value)
+
+
+GROUP_HEADERS = [
+    "plugin",
+    "provider",
+    "app",
+    "pushes",
+    "success rate",
+    "retries",
+    "worst hourly p99 (ms)",
+]
+
+
+def report_html(
+    hourly: list[dict[str, Any]], summary: list[dict[str, Any]], result: JobResult, png: bytes
+) -> bytes:
+    """One HTML file with the chart embedded, totals per group, and skipped input."""
+    totals: dict[tuple[Any, ...], list[float]] = {}
+    for r in summary:
+        key = (r["plugin"], r["provider"] or "-", r["app_id"])
+        t = totals.setdefault(key, [0, 0, 0, 0.0])
+        t[0] += r["total"]
+        t[1] += r["ok"]
+        t[2] += r["retries"] or 0
+        t[3] = max(t[3], r["latency_p99"] or 0.0)
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:200]
+    groups = [[*key, t[0], t[1] / t[0], t[2], t[3]] for key, t in ranked]
+    metrics = result.metrics
+    stats = result.input
+    bad_rows = [
+        [b.file, b.line if b.line is not None else "", b.text[:120]] for b in stats.bad_lines
+    ]
+    image = base64.b64encode(png).decode()
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>pushgw delivery report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-size: 14px; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
+th {{ background: #f4f4f4; }} td:nth-child(-n+3) {{ text-align: left; }}
+img {{ max-width: 100%; }}
+</style></head><body>
+<h1>pushgw delivery report</h1>
+<p>{_fmt(metrics.get("receipts"))} receipts over {_fmt(metrics.get("hours"))} hours from
+{_fmt(stats.files)} files; success rate {_fmt(metrics.get("success_rate"))};
+{_fmt(stats.bad)} bad lines skipped.</p>
+<img alt="volume, success rate and latency per hour" src="data:image/png;base64,{image}">
+<h2>Per plugin, provider and app</h2>
+{_table(GROUP_HEADERS, groups)}
+<h2>Skipped receipt lines</h2>
+{_table(["file", "line", "start of line"], bad_rows) if bad_rows else "<p>none</p>"}
+<p>Hours are UTC, latencies in milliseconds. Tables: summary.csv, reasons.csv,
+hourly.csv (and Parquet); see docs/spark.md.</p>
+</body></html>
+"""
+    return page.encode()

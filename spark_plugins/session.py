@@ -1,0 +1,161 @@
+"""Getting a SparkSession: embedded local mode by default, the submitter's cluster otherwise.
+
+- `pushgw spark run` without `--master` starts an embedded `local[*]` Spark (no cluster):
+  small shuffle partition count, no web UI, WARN logging, a console progress bar for
+  stages longer than half a second, and a driver heap sized from the machine's memory.
+- Under `spark-submit` (the entry scripts in `spark_plugins/submit/`) the master, memory
+  and everything else come from `spark-submit`; only job-level SQL settings are applied.
+
+`java_problem()` says why Spark cannot start (no Java, or Java older than 17), in words
+an operator can act on; `python -m spark_plugins.javacheck` prints it for `make test`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_JAVA = 17
+JAVA_HELP = (
+    "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install "
+    "openjdk-17-jre-headless`; macOS: `brew install openjdk@17`; or any Temurin 17+ "
+    "build from https://adoptium.net) and put `java` on PATH or set JAVA_HOME."
+)
+PYSPARK_HELP = (
+    "pyspark is not installed: install the Spark extra with `pip install 'pushgw[spark]'`."
+)
+
+# Job-level SQL settings, applied to every session (local or submitted).
+SQL_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def _java_binary() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = os.path.join(home, "bin", "java")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("java")
+
+
+def java_version(java: str) -> int | None:
+    """The major version of `java` (8 for 1.8), or None when it cannot be told."""
+    try:
+        proc = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', proc.stderr + proc.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8.0_392"
+        major = int(match.group(2))
+    return major
+
+
+def java_problem() -> str | None:
+    """None when a usable Java (17+) is found, else what is wrong and how to fix it."""
+    java = _java_binary()
+    if java is None:
+        return f"Java was not found. {JAVA_HELP}"
+    major = java_version(java)
+    if major is None:
+        return f"could not run `{java} -version`. {JAVA_HELP}"
+    if major < MIN_JAVA:
+        return f"{java} is Java {major}. {JAVA_HELP}"
+    return None
+
+
+def pyspark_problem() -> str | None:
+    """None when pyspark can be imported, else the install hint."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return PYSPARK_HELP
+    return None
+
+
+def spark_problem() -> str | None:
+    """Why a Spark job cannot run here (pyspark or Java missing), or None."""
+    return pyspark_problem() or java_problem()
+
+
+def under_spark_submit() -> bool:
+    """Whether this Python process was started by `spark-submit` (the JVM is already up)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def default_driver_memory() -> str:
+    """A third of physical memory, between 1 and 16 GiB (8g on a 24 GiB machine)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "2g"
+    gib = max(1, min(16, total // (3 * 1024**3)))
+    return f"{gib}g"
+
+
+def local_conf(cores: str = "*") -> dict[str, str]:
+    """The embedded local-mode defaults."""
+    return {
+        "spark.master": f"local[{cores}]",
+        "spark.driver.memory": default_driver_memory(),
+        "spark.sql.shuffle.partitions": "8",
+        "spark.default.parallelism": "8",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "true",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": "127.0.0.1",
+        "spark.sql.warehouse.dir": os.path.join(
+            os.environ.get("TMPDIR", "/tmp"), "pushgw-spark-warehouse"
+        ),
+    }
+
+
+def get_session(
+    master: str | None = None,
+    *,
+    app_name: str = "pushgw",
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession for running jobs.
+
+    `master=None` means: the master `spark-submit` gave us, or else embedded
+    `local[*]`. An explicit `master` (`local[2]`, `spark://host:7077`, `yarn`...) is used
+    as is; the local-mode defaults apply only when the master is `local...`.
+    """
+    import warnings
+
+    from pyspark.sql import SparkSession
+
+    # pyspark warns on every pandas conversion when pandas is newer than it knows.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    builder = SparkSession.builder.appName(app_name)
+    settings: dict[str, str] = {}
+    if master is None and not under_spark_submit():
+        master = "local[*]"
+    if master is not None:
+        if master.startswith("local"):
+            settings.update(local_conf())
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no hostname lookup warning
+        settings["spark.master"] = master
+    settings.update(SQL_CONF)
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    for key, value in SQL_CONF.items():
+        spark.conf.set(key, value)
+    return spark

@@ -1,0 +1,182 @@
+"""`volume-anomalies`: hours whose volume or failure rate departs from the trailing baseline.
+
+Receipts are counted per UTC hour and group (option `by`, default `plugin`; any of
+`plugin`, `provider`, `app_id`, comma-separated, or empty for the whole gateway). Each
+group's series is made dense from its first hour to the newest hour in the data (an
+hour without receipts has volume 0: a silent hour is a drop, not a gap). For each hour,
+the baseline is the previous `baseline_hours` hours (default 24; the hour itself is not
+included); an hour is judged only once `min_baseline_hours` (default 6) of history exist.
+
+With `factor` F (default 3):
+
+- `volume_spike`: volume > F x baseline mean volume, and volume >= `min_volume` (20);
+- `volume_drop`: volume < baseline mean volume / F, and the baseline mean >= `min_volume`;
+- `failure_spike`: failure rate (non-`ok` / volume) > F x max(baseline failure rate,
+  `min_failure_rate` (0.01)), and failures >= `min_failures` (10). The baseline
+  failure rate is the baseline hours' failures over their volume.
+
+Outputs: `anomalies.parquet/` + `anomalies.csv` (hour, group, kind, volume,
+baseline_volume, failures, failure_rate, baseline_failure_rate, ratio) and
+`volume.parquet/` + `volume.csv` (every hour of every group with its baseline).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from spark_plugins.jobs import JobOption, JobResult, OptionError, SparkJob
+from spark_plugins.output import ensure_dir, join, write_json, write_table
+from spark_plugins.reader import read_receipts, report_bad_input
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+NAME = "volume-anomalies"
+GROUPABLE = ("plugin", "provider", "app_id")
+
+OPTIONS = (
+    JobOption("by", tuple, ("plugin",), "group columns: plugin, provider, app_id (or empty)"),
+    JobOption("factor", float, 3.0, "how far from the baseline counts as an anomaly"),
+    JobOption("baseline_hours", int, 24, "trailing hours that make the baseline"),
+    JobOption("min_baseline_hours", int, 6, "hours of history needed before judging"),
+    JobOption("min_volume", int, 20, "smallest volume (or baseline) judged for volume"),
+    JobOption("min_failures", int, 10, "smallest failure count judged for failure rate"),
+    JobOption("min_failure_rate", float, 0.01, "floor of the baseline failure rate"),
+    JobOption("max_bad_lines", int, 100, "bad receipt lines reported with file and line"),
+)
+
+
+def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
+    """Dense hourly series per group with the trailing baseline of each hour."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    by = list(options["by"])
+    unknown = [c for c in by if c not in GROUPABLE]
+    if unknown:
+        raise OptionError(f"option by: unknown column(s) {unknown} (use {', '.join(GROUPABLE)})")
+    hour = (F.floor(F.col("ts") / 3600) * 3600).cast("long")
+    counts = receipts.groupBy(hour.alias("h"), *by).agg(
+        F.count(F.lit(1)).alias("volume"),
+        F.count(F.when(F.col("status") != "ok", 1)).alias("failures"),
+    )
+    last = counts.agg(F.max("h").alias("last"))
+    firsts = counts.groupBy(*by).agg(F.min("h").alias("first"))
+    grid = firsts.crossJoin(last).select(
+        *by, F.explode(F.sequence("first", "last", F.lit(3600).cast("long"))).alias("h")
+    )
+    dense = grid.join(counts, on=["h", *by], how="left").fillna(0, subset=["volume", "failures"])
+    n = int(options["baseline_hours"])
+    window = (Window.partitionBy(*by) if by else Window.partitionBy()).orderBy("h")
+    trailing = window.rowsBetween(-n, -1)
+    base_volume = F.sum("volume").over(trailing)
+    return dense.select(
+        F.timestamp_seconds("h").alias("hour"),
+        *by,
+        "volume",
+        "failures",
+        F.try_divide(F.col("failures"), F.col("volume")).alias("failure_rate"),
+        F.count(F.lit(1)).over(trailing).alias("baseline_hours"),
+        F.avg("volume").over(trailing).alias("baseline_volume"),
+        F.try_divide(F.sum("failures").over(trailing), base_volume).alias("baseline_failure_rate"),
+    )
+
+
+def anomalies(series: DataFrame, options: Mapping[str, Any]) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    by = list(options["by"])
+    factor = float(options["factor"])
+    if factor <= 0:
+        raise OptionError(f"option factor: must be > 0, not {factor}")
+    judged = F.col("baseline_hours") >= int(options["min_baseline_hours"])
+    volume, base = F.col("volume"), F.col("baseline_volume")
+    rate_floor = F.greatest(
+        F.coalesce(F.col("baseline_failure_rate"), F.lit(0.0)),
+        F.lit(float(options["min_failure_rate"])),
+    )
+    kinds = F.array_compact(
+        F.array(
+            F.when(
+                judged & (volume >= int(options["min_volume"])) & (volume > base * factor),
+                F.lit("volume_spike"),
+            ),
+            F.when(
+                judged & (base >= int(options["min_volume"])) & (volume < base / factor),
+                F.lit("volume_drop"),
+            ),
+            F.when(
+                judged
+                & (F.col("failures") >= int(options["min_failures"]))
+                & (F.col("failure_rate") > rate_floor * factor),
+                F.lit("failure_spike"),
+            ),
+        )
+    )
+    flagged = series.withColumn("kind", F.explode(kinds))
+    ratio = (
+        F.when(F.col("kind") == "failure_spike", F.try_divide(F.col("failure_rate"), rate_floor))
+        .when(base > 0, F.try_divide(volume, base))
+        .otherwise(F.lit(None))
+    )
+    return flagged.select(
+        "hour",
+        *by,
+        "kind",
+        "volume",
+        "baseline_volume",
+        "failures",
+        "failure_rate",
+        "baseline_failure_rate",
+        ratio.alias("ratio"),
+    )
+
+
+def run(
+    spark: SparkSession, receipts_dir: str, out_dir: str, options: Mapping[str, Any]
+) -> JobResult:
+    from pyspark import StorageLevel
+
+    started = time.monotonic()
+    source = read_receipts(spark, receipts_dir, max_reported=int(options["max_bad_lines"]))
+    series = hourly_series(source.df, options).persist(StorageLevel.MEMORY_AND_DISK)
+    result = JobResult(NAME)
+    try:
+        print(f"pushgw spark: {NAME}: reading receipts from {receipts_dir}", file=sys.stderr)
+        ensure_dir(spark, out_dir)
+        by = list(options["by"])
+        paths, hourly = write_table(series, out_dir, "volume", [*by, "hour"], collect=True)
+        result.outputs.update(paths)
+        result.input = source.stats()
+        report_bad_input(result.input)
+        found = anomalies(series, options)
+        paths, rows = write_table(found, out_dir, "anomalies", ["hour", *by, "kind"], collect=True)
+        result.outputs.update(paths)
+        kinds: dict[str, int] = {}
+        for row in rows:
+            kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+    finally:
+        series.unpersist()
+    result.metrics = {
+        "group_hours": len(hourly),
+        "anomalies": sum(kinds.values()),
+        "by_kind": kinds,
+    }
+    result.seconds = time.monotonic() - started
+    result.outputs[f"result-{NAME}.json"] = write_json(
+        spark, join(out_dir, f"result-{NAME}.json"), result.as_dict()
+    )
+    return result
+
+
+JOB = SparkJob(
+    name=NAME,
+    description="Hours whose volume or failure rate departs from the trailing baseline "
+    "by a factor; Parquet + CSV",
+    run=run,
+    options=OPTIONS,
+    submit_script="volume_anomalies.py",
+)
