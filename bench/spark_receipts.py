@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=os.environ.get("PUSHGW_BENCH_DATA", "/tmp/pushgw-bench"))
     parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "spark_receipts.json"))
     parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--percentiles", default="exact", choices=["exact", "approx"])
+    parser.add_argument("--percentiles", default="sketch", choices=["sketch", "exact", "approx"])
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     formats = [f for f in args.formats.split(",") if f]
