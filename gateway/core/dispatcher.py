@@ -256,11 +256,13 @@ class Dispatcher:
 
     @staticmethod
     async def _acquire(semaphore: asyncio.Semaphore, deadline: float) -> bool:
+        """Take a slot, waiting at most until `deadline` (time.monotonic(), as loop.time())."""
         if not semaphore.locked():
             await semaphore.acquire()  # uncontended: returns without suspending
             return True
         try:
-            await asyncio.wait_for(semaphore.acquire(), max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout_at(deadline):  # no extra task, unlike wait_for
+                await semaphore.acquire()
             return True
         except TimeoutError:
             return False

@@ -8,11 +8,24 @@ each provider answer is an `Attempt`, and the final outcome is a `Receipt`.
 from __future__ import annotations
 
 import enum
+import random
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def new_push_id() -> str:
+    """A random (version 4) UUID string, the push's id and its `apns-id`.
+
+    From the non-cryptographic PRNG: ids must be unique, not unpredictable, and
+    `uuid.uuid4()` costs a getrandom system call per push.
+    """
+    n = random.getrandbits(128)
+    n = (n & ~(0xF000 << 64)) | (0x4000 << 64)  # version 4
+    n = (n & ~(0xC000 << 48)) | (0x8000 << 48)  # RFC 4122 variant
+    h = f"{n:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class ProviderKind(enum.StrEnum):
@@ -107,7 +120,7 @@ class Push:
     apns: ApnsOptions = field(default_factory=ApnsOptions)
     policy: PushPolicy = field(default_factory=PushPolicy)
     ref: str | None = None
-    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    id: str = field(default_factory=new_push_id)
     submitted: float = field(default_factory=time.monotonic)
 
     def __repr__(self) -> str:  # never show the token or payload

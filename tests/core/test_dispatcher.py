@@ -349,3 +349,15 @@ def test_backoff_is_full_jitter_and_capped() -> None:
     assert all(0 <= s <= 60.0 for s in samples)
     assert max(backoff_delay(0, 1.0, 60.0) for _ in range(200)) <= 1.0
     assert max(backoff_delay(10, 1.0, 60.0) for _ in range(200)) > 1.0
+
+
+def test_push_ids_are_canonical_v4_uuids() -> None:
+    import uuid
+
+    from gateway.core.push import new_push_id
+
+    ids = {new_push_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for value in list(ids)[:200]:
+        parsed = uuid.UUID(value)
+        assert str(parsed) == value and parsed.version == 4 and parsed.variant == uuid.RFC_4122
