@@ -417,6 +417,7 @@ class _ApnsPool(APNsBaseConnectionPool):
         proxy: str | None,
     ) -> None:
         super().__init__(topic=topic, max_connections=max_connections, max_connection_attempts=1)
+        self._opening = asyncio.Lock()
         self.protocol_class = protocol_class
         self.ssl_context = ssl_context
         self.auth = auth
@@ -452,7 +453,14 @@ class _ApnsPool(APNsBaseConnectionPool):
             if not connection.is_busy:
                 return connection
         if len(self.connections) < self.max_connections:
-            return await super().acquire()  # opens a connection
+            # One opening at a time: concurrent callers would otherwise fall into
+            # aioapns's busy-poll (and its WARNING per send) while the first connects.
+            async with self._opening:
+                for connection in self.connections:
+                    if not connection.is_busy:
+                        return connection
+                if len(self.connections) < self.max_connections:
+                    return await super().acquire()  # opens a connection
         # All connections full: queue on the least loaded one's stream semaphore instead
         # of aioapns's 10 ms busy-poll, which also logs a WARNING per waiting send.
         return min(self.connections, key=lambda c: len(c.free_channels._waiters or ()))
@@ -540,7 +548,9 @@ class ApnsClient:
     ) -> None:
         self.app_id = app_id
         self.config = config
-        self.max_in_flight = config.max_in_flight
+        # More sends than the connections' streams would wait inside the pool, where the
+        # wait eats their request timeout: let them queue in the dispatcher's lane instead.
+        self.max_in_flight = min(config.max_in_flight, config.max_connections * MAX_STREAMS)
         sandbox = config.environment == "sandbox"
         self.host = config.host or (SANDBOX_HOST if sandbox else PRODUCTION_HOST)
         self.port = config.port or DEFAULT_PORT
