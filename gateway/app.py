@@ -10,6 +10,7 @@ gateways can run in one process (the tests do).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import uuid
@@ -158,7 +159,19 @@ def create_app(gateway: LoadedGateway) -> web.Application:
     app.cleanup_ctx.append(_services_ctx)
     if settings.server.metrics_port is not None:
         app.cleanup_ctx.append(_metrics_server_ctx)
+    app.on_startup.append(_freeze_startup_objects)  # runs after the contexts above
     return app
+
+
+async def _freeze_startup_objects(app: web.Application) -> None:
+    """Exclude everything start-up created from garbage collection.
+
+    Libraries, config and clients are ~10^5 long-lived objects; a full collection over
+    them pauses the event loop for tens of milliseconds (p99 latency). Frozen, it
+    costs nothing; they live as long as the process anyway.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 async def _delivery_ctx(app: web.Application) -> AsyncIterator[None]:
