@@ -109,6 +109,7 @@ def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> Any:
     dead tokens found by the receipts analytics (`pushgw tokens retire`), in which case
     `invalid.token` is None and only `invalid.token_hash` identifies it. The plugin
     does what its protocol says (forget the registration, report it upstream...).
+    It must be idempotent: a token invalidated live may be retired again later.
     """
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from aiohttp import web
-from sqlalchemy import Column, MetaData, String, Table, insert
+from sqlalchemy import Column, MetaData, String, Table, delete, insert
 
 from gateway.api import (
     AppConfig,
@@ -89,7 +89,10 @@ def pushgw_services(context: PluginContext) -> list[Ticker]:
 @hookimpl
 async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> None:
     context.state.setdefault("invalid", []).append(invalid)
-    async with context.store.engine.begin() as conn:
+    async with context.store.engine.begin() as conn:  # idempotent: a token may come twice
+        await conn.execute(
+            delete(sample_invalid).where(sample_invalid.c.token_hash == invalid.token_hash)
+        )
         await conn.execute(
             insert(sample_invalid).values(token_hash=invalid.token_hash, reason=invalid.reason)
         )
