@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import json
 import re
 import time
@@ -75,6 +74,7 @@ from h2.settings import SettingCodes, Settings
 from hpack import hpack as hpack_module
 
 from gateway.testing.certs import APNS_HOSTNAMES, SimulatorCA
+from gateway.testing.recording import RequestRecording
 
 __all__ = [
     "APNS_PUSH_TYPES",
@@ -542,7 +542,7 @@ class _ApnsConnection(asyncio.Protocol):
             self.flush()
 
 
-class ApnsSimulator:
+class ApnsSimulator(RequestRecording[ApnsRequest]):
     """Fake APNs (HTTP/2 over TLS) running in the current event loop.
 
     ```
@@ -565,6 +565,9 @@ class ApnsSimulator:
     - `initial_window_size`: our stream and connection receive windows (DATA is
       acknowledged as it arrives, so this only bounds bursts).
     """
+
+    _recording_noun = "requests"
+    _recording_name = "APNs simulator"
 
     #: Reason for a body that is not a JSON object. Apple documents no reason
     #: for malformed JSON; the closest documented one is `PayloadEmpty` (the
@@ -605,18 +608,15 @@ class ApnsSimulator:
         self.topics: frozenset[str] | None = frozenset(topics) if topics is not None else None
         self.jwt_max_age = jwt_max_age
         self.clock = clock
-        self.record = record
+        self._init_recording(record)
         self.initial_window_size = initial_window_size
 
         self.default = ApnsResponse()
-        self.requests: list[ApnsRequest] = []
-        self.request_count = 0
         self.connections_opened = 0
         self._scripts: dict[str, list[ApnsResponse]] = {}
         self._script_all: list[ApnsResponse] = []
         self._jwts: set[str] = set()
         self._connections: set[_ApnsConnection] = set()
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._server: asyncio.Server | None = None
         self._host = host
         self._port = 0
@@ -661,10 +661,7 @@ class ApnsSimulator:
             conn.abort()
         self._connections.clear()
         await server.wait_closed()
-        for _, fut in self._waiters:
-            if not fut.done():
-                fut.cancel()
-        self._waiters.clear()
+        self._cancel_waiters()
         if self._own_ca:
             self.ca.cleanup()
 
@@ -745,34 +742,6 @@ class ApnsSimulator:
             conn.respond(0, "", 0, body, "goaway")
 
     # -- recording --------------------------------------------------------
-    def requests_for(self, token: str) -> list[ApnsRequest]:
-        """Recorded requests for one device token."""
-        return [r for r in self.requests if r.token == token]
-
-    def clear_requests(self) -> None:
-        """Forget recorded requests and reset `request_count`."""
-        self.requests.clear()
-        self.request_count = 0
-
-    async def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[ApnsRequest]:
-        """Wait until at least `n` requests have been received; return the recorded ones.
-
-        Raises `TimeoutError` after `timeout` seconds.
-        """
-        if self.request_count < n:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            entry = (n, fut)
-            self._waiters.append(entry)
-            try:
-                await asyncio.wait_for(fut, timeout)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"APNs simulator got {self.request_count} of {n} requests in {timeout}s"
-                ) from None
-            finally:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(entry)
-        return list(self.requests)
 
     # -- internals --------------------------------------------------------
     def _connection_made(self, conn: _ApnsConnection) -> None:
@@ -930,26 +899,20 @@ class ApnsSimulator:
                 error["timestamp"] = ts if ts is not None else int(self.clock() * 1000)
             payload = json.dumps(error).encode()
 
-        self.request_count += 1
-        if self.record:
-            self.requests.append(
-                ApnsRequest(
-                    token=token,
-                    headers=stream.headers,
-                    body=body,
-                    json=parsed,
-                    status=status,
-                    reason=reason,
-                    at=time.monotonic(),
-                    connection_id=conn.id,
-                    stream_id=stream_id,
-                    fault=fault,
-                )
+        self._recorded(
+            lambda: ApnsRequest(
+                token=token,
+                headers=stream.headers,
+                body=body,
+                json=parsed,
+                status=status,
+                reason=reason,
+                at=time.monotonic(),
+                connection_id=conn.id,
+                stream_id=stream_id,
+                fault=fault,
             )
-        if self._waiters:
-            for n, fut in self._waiters:
-                if self.request_count >= n and not fut.done():
-                    fut.set_result(None)
+        )
 
         if delay > 0:
             conn.schedule(delay, lambda: conn.respond(stream_id, apns_id, status, payload, fault))

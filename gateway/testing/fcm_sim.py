@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import itertools
 import json
 import re
@@ -45,6 +44,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from gateway.testing.certs import FCM_HOSTNAMES, SimulatorCA
+from gateway.testing.recording import RequestRecording
 
 __all__ = [
     "FCM_ERROR_TYPE",
@@ -345,7 +345,7 @@ def _json_response(
     )
 
 
-class FcmSimulator:
+class FcmSimulator(RequestRecording[FcmRequest]):
     """Fake FCM HTTP v1 + OAuth token endpoint running in the current event loop.
 
     ```
@@ -362,6 +362,9 @@ class FcmSimulator:
     - `clock`: wall clock for token expiry (tests may pass a fake one).
     - `record`: keep `requests` (turn off for long benchmarks; counters remain).
     """
+
+    _recording_noun = "sends"
+    _recording_name = "FCM simulator"
 
     def __init__(
         self,
@@ -381,11 +384,9 @@ class FcmSimulator:
         self.ca: SimulatorCA | None = ca if ca is not None or not tls else SimulatorCA()
         self.token_lifetime = token_lifetime
         self.clock = clock
-        self.record = record
+        self._init_recording(record)
 
         self.default = FcmResponse()
-        self.requests: list[FcmRequest] = []
-        self.request_count = 0
         self.tokens_issued = 0
         self.token_requests = 0
         self._accounts: dict[str, _Account] = {}
@@ -393,7 +394,6 @@ class FcmSimulator:
         self._scripts: dict[str, list[FcmResponse]] = {}
         self._script_all: dict[str | None, list[FcmResponse]] = {}
         self._message_ids = itertools.count(1)
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._runner: web.AppRunner | None = None
         self._host = host
         self._port = 0
@@ -434,10 +434,7 @@ class FcmSimulator:
         if runner is None:
             return
         await runner.cleanup()
-        for _, fut in self._waiters:
-            if not fut.done():
-                fut.cancel()
-        self._waiters.clear()
+        self._cancel_waiters()
         if self._own_ca and self.ca is not None:
             self.ca.cleanup()
 
@@ -533,34 +530,6 @@ class FcmSimulator:
         return sum(1 for t in self._tokens.values() if t.expires_at > now)
 
     # -- recording --------------------------------------------------------
-    def requests_for(self, token: str) -> list[FcmRequest]:
-        """Recorded sends for one registration token."""
-        return [r for r in self.requests if r.token == token]
-
-    def clear_requests(self) -> None:
-        """Forget recorded sends and reset `request_count`."""
-        self.requests.clear()
-        self.request_count = 0
-
-    async def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[FcmRequest]:
-        """Wait until at least `n` sends have been received; return the recorded ones.
-
-        Raises `TimeoutError` after `timeout` seconds.
-        """
-        if self.request_count < n:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            entry = (n, fut)
-            self._waiters.append(entry)
-            try:
-                await asyncio.wait_for(fut, timeout)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"FCM simulator got {self.request_count} of {n} sends in {timeout}s"
-                ) from None
-            finally:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(entry)
-        return list(self.requests)
 
     # -- OAuth ------------------------------------------------------------
     def _verify_assertion(self, assertion: str) -> tuple[str | None, _IssuedToken | None]:
@@ -766,24 +735,18 @@ class FcmSimulator:
         if response is None:
             response = self._next_scripted(project_id, token)
 
-        self.request_count += 1
-        if self.record:
-            self.requests.append(
-                FcmRequest(
-                    project_id=project_id,
-                    token=token,
-                    message=message,
-                    headers=dict(request.headers),
-                    status=response.status,
-                    at=time.monotonic(),
-                    error_code=response.error_code,
-                    fault=response.fault,
-                )
+        self._recorded(
+            lambda: FcmRequest(
+                project_id=project_id,
+                token=token,
+                message=message,
+                headers=dict(request.headers),
+                status=response.status,
+                at=time.monotonic(),
+                error_code=response.error_code,
+                fault=response.fault,
             )
-        if self._waiters:
-            for n, fut in self._waiters:
-                if self.request_count >= n and not fut.done():
-                    fut.set_result(None)
+        )
 
         if response.delay > 0:
             await asyncio.sleep(response.delay)
