@@ -339,7 +339,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--triggers", type=int, default=200)
     parser.add_argument("--real", type=int, default=2, help="real tokens per trigger (<= 32)")
-    parser.add_argument("--threads", type=int, default=1, help="plugin crypto_threads")
+    parser.add_argument("--threads", type=int, default=0, help="plugin crypto_threads")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

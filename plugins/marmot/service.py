@@ -5,9 +5,9 @@ Per relay event (spec sections 5, 7, 8 and 9), in this order:
 1. frame size (in :mod:`plugins.marmot.relay`, before parsing);
 2. seen-wrap cache: a wrap id already verified in this process is skipped without any crypto;
 3. global pre-unwrap limiter, then the bounded input queue (full: drop);
-4. unwrap (checks 1-8) and trigger parsing (check 9), in a worker thread;
+4. unwrap (checks 1-8) and trigger parsing (check 9);
 5. content dedup on ``SHA-256(decoded content)``, inserted before any chunk work;
-6. per chunk: encrypted-token limiter, then decryption (worker thread), plaintext checks,
+6. per chunk: encrypted-token limiter, then decryption, plaintext checks,
    device-token limiter, at most one push per (platform, token) and trigger;
 7. ``dispatcher.submit(Push(...))`` with ``persist_token_hash=False``; the decrypted token is not
    kept by the plugin once the push is handed over.
@@ -17,15 +17,13 @@ Nostr, written to disk, or logged with ids, tokens or content.
 
 Threads. Unwrapping a 32-chunk trigger costs about 2 ms of CPU (two NIP-44 decryptions of ~110 KB:
 base64, HMAC, ChaCha20, SHA-256 ids, JSON) and decrypting its 32 chunks another ~2 ms (32 ECDHs).
-The secp256k1 calls (coincurve/cffi) and SHA-256/HMAC over large buffers (hashlib, OpenSSL) release
-the GIL; base64 and JSON do not. Measured on the 2-core target (bench/marmot.py): a second crypto
-thread gave 0.8-1.4x the single-thread rate depending on what else ran, and cost ~15 % more CPU
-per trigger in GIL hand-offs, so it does not pay when the relay, the provider connections and other
-services share the two cores. Running the work on the event loop itself would stall relay pings and
-HTTP/2 provider streams for ~4 ms per trigger, back to back under load. Hence the default: one
-worker thread (``crypto_threads: 1``) for both CPU steps; 0 runs them inline, more is for hosts with
-idle cores. Every piece of shared state (caches, limiters, metrics) is touched only from the event
-loop and needs no lock.
+Measured on the 2-core target (bench/marmot.py, 1,000 triggers): inline on the event loop, 214
+triggers/s at 4.4 ms of gateway CPU per trigger; in one worker thread, 162 triggers/s at 6.2 ms.
+The hand-offs cost more than they save: base64 and JSON hold the GIL, and every step wakes the
+other thread. Hence the default ``crypto_threads: 0``: each CPU step runs inline after one yield to
+the loop, so nothing waits behind more than one ~2 ms step; more threads are for hosts with idle
+cores. Every piece of shared state (caches, limiters, metrics) is touched only from the event loop
+and needs no lock.
 """
 
 from __future__ import annotations
@@ -317,6 +315,9 @@ class MarmotService:
 
     async def _cpu(self, fn: Callable[..., T], *args: Any) -> T:
         if self._executor is None:
+            # Inline: let ready callbacks (relay pings, provider streams, HTTP) run first,
+            # so the loop is never held longer than one step (~2 ms), even in a burst.
+            await asyncio.sleep(0)
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
@@ -365,12 +366,12 @@ class MarmotService:
             self._count("seen", "duplicate")
 
     def _open(self, event: Mapping[str, Any], verified: list[str]) -> Trigger:
-        """Checks 1-9 (worker thread): unwrap, then profile and content parsing."""
+        """Checks 1-9: unwrap, then profile and content parsing (CPU step)."""
         rumor = self.unwrapper.unwrap(event, on_verified=verified.append)
         return parse_trigger(rumor, self.trigger_config)
 
     def _decrypt(self, chunks: list[bytes], fmt: TokenFormat) -> list[DeviceToken | ChunkResult]:
-        """ECDH, HKDF, AEAD and plaintext checks of each chunk (worker thread)."""
+        """ECDH, HKDF, AEAD and plaintext checks of each chunk (CPU step)."""
         out: list[DeviceToken | ChunkResult] = []
         decrypt = self.decryptor.decrypt_chunk
         for chunk in chunks:
