@@ -31,7 +31,7 @@ from gateway.config import (
     load_settings,
     validate_plugin_section,
 )
-from gateway.context import PluginContext, Runtime, Service, TokenHasher
+from gateway.context import PluginContext, Runtime, Service, TokenHasher, first_worker
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.metrics import MULTIPROC_ENV, Children, Metrics
 from gateway.core.providers import ProviderClient
@@ -257,10 +257,13 @@ def _make_sink(
 async def _services_ctx(app: web.Application) -> AsyncIterator[None]:
     gateway = app[GATEWAY]
     started: list[Service] = []
+    first = first_worker()
     for name in gateway.registry.names:
         for service in (
             gateway.registry.call(name, "pushgw_services", context=gateway.contexts[name]) or ()
         ):
+            if getattr(service, "one_per_gateway", False) and not first:
+                continue  # another worker runs it: every event is handled exactly once
             await service.start()
             started.append(service)
     gateway.services = started

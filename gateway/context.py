@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import hashlib
 import hmac
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -16,6 +17,14 @@ if TYPE_CHECKING:
     from gateway.core.metrics import Metrics
     from gateway.core.push import Push, Receipt
     from gateway.core.store import Store
+
+
+WORKER_ENV = "PUSHGW_WORKER"  # index of this process among `--workers N`
+
+
+def first_worker() -> bool:
+    """True in the first (or only) worker process."""
+    return os.environ.get(WORKER_ENV, "0") == "0"
 
 
 @runtime_checkable
@@ -37,8 +46,11 @@ class Service(Protocol):
         ...
 
 
-# A service may also define `status() -> Mapping[str, Any]`: JSON-ready detail that
-# /readyz shows under `service_status` (per-relay connection state, say).
+# A service may also define:
+# - `status() -> Mapping[str, Any]`: JSON-ready detail that /readyz shows under
+#   `service_status` (per-relay connection state, say);
+# - `one_per_gateway = True`: with `--workers N`, run it in the first worker only
+#   (a listener whose every event must be handled exactly once, like a relay subscription).
 
 
 class TokenHasher:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.context import WORKER_ENV
 from gateway.core.metrics import MULTIPROC_ENV
 
 SIMULATOR_READY_FILE = "ready.json"
@@ -69,7 +70,9 @@ def _serve(
     os.environ["PUSHGW__STORE__AUTO_UPGRADE"] = "false"  # done above, once
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_run_worker, args=(config, data, host, port, True), name=f"pushgw-{i}")
+        ctx.Process(
+            target=_run_worker, args=(config, data, host, port, True, i), name=f"pushgw-{i}"
+        )
         for i in range(workers)
     ]
     for proc in procs:
@@ -91,9 +94,16 @@ def _serve(
 
 
 def _run_worker(
-    config: str | None, data: dict[str, Any] | None, host: str, port: int, reuse_port: bool
+    config: str | None,
+    data: dict[str, Any] | None,
+    host: str,
+    port: int,
+    reuse_port: bool,
+    index: int = 0,
 ) -> None:
     from aiohttp import web
+
+    os.environ[WORKER_ENV] = str(index)  # one-per-gateway services run in worker 0 only
 
     from gateway import logs
     from gateway.app import create_app, load_gateway

@@ -9,6 +9,8 @@ import pytest
 from sqlalchemy import select, text
 
 from gateway import hookspecs
+from gateway.api import hookimpl
+from gateway.context import WORKER_ENV
 from gateway.core.store import invalid_tokens
 from gateway.plugins import installed_plugins
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
@@ -141,3 +143,41 @@ def test_sample_plugin_uses_only_the_public_api(hook: str) -> None:
     ]
     assert imports and all(line.startswith("from gateway.api import") for line in imports)
     assert f"def {hook}" in source
+
+
+class _OncePerGateway:
+    name = "listener"
+    one_per_gateway = True
+
+    def __init__(self) -> None:
+        self.started = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+    def ready(self) -> bool:
+        return self.started
+
+
+class _ListenerPlugin:
+    def __init__(self) -> None:
+        self.service = _OncePerGateway()
+
+    @hookimpl
+    def pushgw_services(self, context: object) -> list[_OncePerGateway]:
+        return [self.service]
+
+
+@pytest.mark.parametrize(("worker", "runs"), [("0", True), ("1", False)])
+async def test_one_per_gateway_services_run_in_the_first_worker_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker: str, runs: bool
+) -> None:
+    monkeypatch.setenv(WORKER_ENV, worker)
+    plugin = _ListenerPlugin()
+    async with GatewayHarness(base_config(tmp_path, {}), extra_plugins={"listener": plugin}) as gw:
+        assert plugin.service.started is runs
+        services = (await (await gw.client.get("/readyz")).json())["services"]
+        assert services == ({"listener": True} if runs else {})

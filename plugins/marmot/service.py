@@ -83,6 +83,7 @@ class MarmotService:
     """The relay listener service (`pushgw_services`): relays, queue, workers, dispatch."""
 
     name = "marmot"
+    one_per_gateway = True  # with --workers N, one relay subscription: each trigger pushed once
 
     def __init__(
         self,
