@@ -74,7 +74,7 @@ from h2.settings import SettingCodes, Settings
 from hpack import hpack as hpack_module
 
 from gateway.testing.certs import APNS_HOSTNAMES, SimulatorCA
-from gateway.testing.recording import RequestRecording
+from gateway.testing.simulator import SimulatorBase
 
 __all__ = [
     "APNS_PUSH_TYPES",
@@ -542,7 +542,7 @@ class _ApnsConnection(asyncio.Protocol):
             self.flush()
 
 
-class ApnsSimulator(RequestRecording[ApnsRequest]):
+class ApnsSimulator(SimulatorBase[ApnsRequest]):
     """Fake APNs (HTTP/2 over TLS) running in the current event loop.
 
     ```
@@ -664,23 +664,6 @@ class ApnsSimulator(RequestRecording[ApnsRequest]):
         self._cancel_waiters()
         if self._own_ca:
             self.ca.cleanup()
-
-    async def __aenter__(self) -> ApnsSimulator:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    @property
-    def host(self) -> str:
-        """The bound address (valid after `start`)."""
-        return self._host
-
-    @property
-    def port(self) -> int:
-        """The bound port (valid after `start`)."""
-        return self._port
 
     @property
     def url(self) -> str:

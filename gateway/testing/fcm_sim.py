@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from gateway.testing.certs import FCM_HOSTNAMES, SimulatorCA
-from gateway.testing.recording import RequestRecording
+from gateway.testing.simulator import SimulatorBase
 
 __all__ = [
     "FCM_ERROR_TYPE",
@@ -345,7 +345,7 @@ def _json_response(
     )
 
 
-class FcmSimulator(RequestRecording[FcmRequest]):
+class FcmSimulator(SimulatorBase[FcmRequest]):
     """Fake FCM HTTP v1 + OAuth token endpoint running in the current event loop.
 
     ```
@@ -437,23 +437,6 @@ class FcmSimulator(RequestRecording[FcmRequest]):
         self._cancel_waiters()
         if self._own_ca and self.ca is not None:
             self.ca.cleanup()
-
-    async def __aenter__(self) -> FcmSimulator:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    @property
-    def host(self) -> str:
-        """The bound address (valid after `start`)."""
-        return self._host
-
-    @property
-    def port(self) -> int:
-        """The bound port (valid after `start`)."""
-        return self._port
 
     @property
     def url(self) -> str:

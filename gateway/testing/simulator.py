@@ -1,11 +1,11 @@
-"""What a simulator received, and waiting for it without sleeping."""
+"""What both provider simulators share: lifecycle, and the record of what they received."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 
 class _HasToken(Protocol):
@@ -15,14 +15,41 @@ class _HasToken(Protocol):
 R = TypeVar("R", bound=_HasToken)
 
 
-class RequestRecording(Generic[R]):
-    """Mixin of both simulators: `requests`, `request_count`, `wait_for_requests()`.
+class SimulatorBase(Generic[R]):
+    """Base of both simulators: `async with`, `host`/`port`, and the request record
+    (`requests`, `request_count`, `wait_for_requests()`).
 
     With `record=False` (long benchmarks) only the counter is kept, so memory stays flat.
+    Subclasses implement `start()`/`stop()` and set `_host`/`_port` when bound.
     """
 
     _recording_noun = "requests"  # as the timeout message says it
     _recording_name = "simulator"
+    _host: str
+    _port: int
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def host(self) -> str:
+        """The bound address (valid after `start`)."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The bound port (valid after `start`)."""
+        return self._port
 
     def _init_recording(self, record: bool) -> None:
         self.record = record
