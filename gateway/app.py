@@ -198,7 +198,6 @@ class running_core:
         store = gw.open_store()
         if self.migrate:
             await store.upgrade(gw.migration_dirs())
-        sink = None
         if settings.receipts.enabled:
             self.writer = ReceiptWriter(
                 settings.receipts.directory,

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from spark_plugins.jobs import JobOption, JobResult, SparkJob
-from spark_plugins.output import ensure_dir, join, write_json, write_single
+from spark_plugins.output import ensure_dir, join, write_result, write_single
 from spark_plugins.reader import read_receipts, report_bad_input
 
 if TYPE_CHECKING:
@@ -158,11 +158,7 @@ def run(
         "by_reason": by_reason,
         "window_end": end,
     }
-    result.seconds = time.monotonic() - started
-    result.outputs[f"result-{NAME}.json"] = write_json(
-        spark, join(out_dir, f"result-{NAME}.json"), result.as_dict()
-    )
-    return result
+    return write_result(spark, out_dir, result, started)
 
 
 JOB = SparkJob(

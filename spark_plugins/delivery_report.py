@@ -37,7 +37,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from spark_plugins.jobs import JobOption, JobResult, OptionError, SparkJob
-from spark_plugins.output import ensure_dir, join, write_bytes, write_json, write_table
+from spark_plugins.output import (
+    ensure_dir,
+    join,
+    write_bytes,
+    write_result,
+    write_table,
+)
 from spark_plugins.reader import STATUSES, read_receipts, report_bad_input
 
 if TYPE_CHECKING:
@@ -240,7 +246,7 @@ def _run(
     source = read_receipts(spark, receipts_dir, max_reported=int(options["max_bad_lines"]))
     result = JobResult(NAME)
     collected: dict[str, list[dict[str, Any]]] = {}
-    _progress(f"reading receipts from {receipts_dir}", start=True)
+    _progress(f"reading receipts from {receipts_dir}", started)
     # One pass over the input. With sketches, the finest-grain aggregate (small) is
     # computed once and checkpointed, and every table merges it; otherwise the projected
     # receipts are cached and every table aggregates the cache.
@@ -248,7 +254,7 @@ def _run(
         fine = fine_rows(source.df, options).localCheckpoint(eager=True)
         result.input = source.stats()
         report_bad_input(result.input)
-        _progress("aggregated the receipts")
+        _progress("aggregated the receipts", started)
         tables = tables_from_fine(fine)
     else:
         tables = build_tables(source.df, options)
@@ -264,7 +270,7 @@ def _run(
             if name == "hourly" and not result.input.files:  # the pass over the input is done
                 result.input = source.stats()
                 report_bad_input(result.input)
-            _progress(f"wrote {name}")
+            _progress(f"wrote {name}", started)
     finally:
         rows.unpersist()
     hourly, summary = collected["hourly"], collected["summary"]
@@ -280,25 +286,16 @@ def _run(
     if options["chart"]:
         from spark_plugins import render
 
-        _progress("drawing chart")
+        _progress("drawing chart", started)
         png = render.chart_png(hourly)
         result.outputs["chart.png"] = write_bytes(spark, join(out_dir, "chart.png"), png)
         page = render.report_html(hourly, summary, result, png)
         result.outputs["index.html"] = write_bytes(spark, join(out_dir, "index.html"), page)
-    result.seconds = time.monotonic() - started
-    result.outputs[f"result-{NAME}.json"] = write_json(
-        spark, join(out_dir, f"result-{NAME}.json"), result.as_dict()
-    )
-    return result
+    return write_result(spark, out_dir, result, started)
 
 
-_STARTED = [time.monotonic()]
-
-
-def _progress(message: str, start: bool = False) -> None:
-    if start:
-        _STARTED[0] = time.monotonic()
-    elapsed = time.monotonic() - _STARTED[0]
+def _progress(message: str, started: float) -> None:
+    elapsed = time.monotonic() - started
     print(f"pushgw spark: {NAME}: [{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 

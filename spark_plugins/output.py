@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from spark_plugins.reader import is_local
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from spark_plugins.jobs import JobResult
 
 CSV_OPTIONS = {
     "header": "true",
@@ -67,6 +70,14 @@ def write_bytes(spark: SparkSession, path: str, data: bytes) -> str:
 
 def write_json(spark: SparkSession, path: str, obj: Any) -> str:
     return write_bytes(spark, path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+
+def write_result(spark: SparkSession, out_dir: str, result: JobResult, started: float) -> JobResult:
+    """Finish a job: its run time, and `result-<job>.json` beside its other outputs."""
+    result.seconds = time.monotonic() - started
+    name = f"result-{result.job}.json"
+    result.outputs[name] = write_json(spark, join(out_dir, name), result.as_dict())
+    return result
 
 
 def write_single(
