@@ -18,10 +18,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.context import WORKER_ENV
 from gateway.core.metrics import MULTIPROC_ENV
+
+if TYPE_CHECKING:
+    from gateway.app import LoadedGateway
 
 SIMULATOR_READY_FILE = "ready.json"
 
@@ -59,7 +62,7 @@ def _serve(
     port = port if port is not None else server.port
     workers = workers or server.workers
     if workers == 1:
-        _run_worker(config, data, host, port, reuse_port=False)
+        _run_loaded(loaded, host, port, reuse_port=False)
         return 0
     if loaded.settings.store.auto_upgrade:
         from gateway.core.store import upgrade
@@ -101,14 +104,19 @@ def _run_worker(
     reuse_port: bool,
     index: int = 0,
 ) -> None:
-    from aiohttp import web
-
     os.environ[WORKER_ENV] = str(index)  # one-per-gateway services run in worker 0 only
 
-    from gateway import logs
-    from gateway.app import create_app, load_gateway
+    from gateway.app import load_gateway
 
-    loaded = load_gateway(config, data=data)
+    _run_loaded(load_gateway(config, data=data), host, port, reuse_port)
+
+
+def _run_loaded(loaded: LoadedGateway, host: str, port: int, reuse_port: bool) -> None:
+    from aiohttp import web
+
+    from gateway import logs
+    from gateway.app import create_app
+
     settings = loaded.settings
     logs.configure(settings.logging.level, settings.logging.json_format)
     app = create_app(loaded)
