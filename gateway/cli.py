@@ -19,6 +19,7 @@ from typing import Any
 
 from gateway import __version__
 from gateway.config import CONFIG_ENV, ConfigError
+from gateway.context import CommandContext
 
 log = logging.getLogger("pushgw")
 
@@ -116,18 +117,15 @@ async def cmd_db_upgrade(args: argparse.Namespace, _ctx: Any) -> int:
     return 0
 
 
-async def cmd_tokens_retire(args: argparse.Namespace, _ctx: Any) -> int:
+async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -> int:
     """Feed a dead-token file (spark `dead-tokens` job) through the one invalidation path."""
     from gateway.core.push import InvalidToken, ProviderKind
 
     records = _read_dead_tokens(Path(args.file))
-    loaded = _load(args)
-    store = loaded.open_store()
-    assert loaded.invalidation is not None
+    loaded = context.load()
     retired = skipped = 0
-    try:
-        if loaded.settings.store.auto_upgrade:
-            await store.upgrade(loaded.migration_dirs())
+    async with context.open_store():
+        assert loaded.invalidation is not None
         for record in records:
             if record["plugin"] not in loaded.contexts:
                 skipped += 1
@@ -143,8 +141,6 @@ async def cmd_tokens_retire(args: argparse.Namespace, _ctx: Any) -> int:
             )
             if await loaded.invalidation.report(invalid):
                 retired += 1
-    finally:
-        await store.close()
     print(f"retired {retired} tokens; skipped {skipped} of plugins not enabled")
     return 0
 
@@ -272,8 +268,6 @@ def _plugin_commands(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gateway.context import CommandContext
-
     parser = build_parser(_plugin_commands)
     args = parser.parse_args(argv)
     if not hasattr(args, "config"):
