@@ -121,15 +121,6 @@ class Dispatcher:
         )
         self._lanes[(plugin, app_id)] = lane
 
-    def clients(self) -> Iterable[tuple[str, str, ProviderClient]]:
-        return ((ln.plugin, ln.app_id, ln.client) for ln in self._lanes.values())
-
-    def has_app(self, plugin: str, app_id: str) -> bool:
-        return (plugin, app_id) in self._lanes
-
-    def app_ids(self, plugin: str) -> list[str]:
-        return [a for (p, a) in self._lanes if p == plugin]
-
     # --- sending -------------------------------------------------------------
 
     def submit(self, push: Push) -> asyncio.Task[Receipt]:
