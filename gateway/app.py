@@ -111,7 +111,8 @@ def load_gateway(
 ) -> LoadedGateway:
     """Validate the config file (or `data`) and load its plugins; raise ConfigError."""
     settings = load_settings(path, data)
-    source = str(config_path(path)) if data is None and config_path(path) else None
+    file = config_path(path)
+    source = str(file) if data is None and file else None
     registry = PluginRegistry(settings.plugins.enabled, dict(extra_plugins or {}))
     unknown = set(settings.plugins.configured_names()) - set(registry.names)
     if unknown:
