@@ -205,6 +205,7 @@ class running_core:
                 roll_seconds=settings.receipts.roll_seconds,
                 roll_bytes=settings.receipts.roll_bytes,
                 buffer=settings.receipts.buffer,
+                file_format=settings.receipts.format,
                 on_written=gw.runtime.metrics.receipts_written.inc,
             )
             await self.writer.start()

@@ -10,6 +10,7 @@ Errors name the file and the key path and the CLI exits with status 2.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -193,6 +195,20 @@ class ReceiptsConfig(ConfigModel):
     roll_seconds: float = Field(3600.0, gt=0)
     roll_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     buffer: int = Field(50_000, ge=1, description="Receipts buffered before back-pressure")
+    format: Literal["jsonl", "parquet"] = Field(
+        "jsonl",
+        description="Format of rolled files: jsonl, or parquet (converted when a file rolls)",
+    )
+
+    @field_validator("format")
+    @classmethod
+    def _parquet_needs_pyarrow(cls, value: str) -> str:
+        # At start-up rather than at the first roll, an hour later.
+        if value == "parquet" and importlib.util.find_spec("pyarrow") is None:
+            raise ValueError(
+                "parquet needs pyarrow, which is not installed: install pushgw[parquet]"
+            )
+        return value
 
 
 class PluginsSection(BaseModel):

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from gateway.core.push import Outcome, ProviderKind, Receipt
-from gateway.core.receipts import ReceiptWriter, receipt_record
+from gateway.core.receipts import ReceiptsFormat, ReceiptWriter, receipt_record
 
 # plugin -> [(app_id, provider)]; Marmot's policy forbids a token hash in its receipts.
 APPS: dict[str, list[tuple[str, ProviderKind | None]]] = {
@@ -125,8 +125,10 @@ def receipts(
         )
 
 
-async def _write_async(items: list[Receipt], directory: Path, roll_bytes: int) -> None:
-    writer = ReceiptWriter(directory, roll_bytes=roll_bytes, buffer=10_000)
+async def _write_async(
+    items: list[Receipt], directory: Path, roll_bytes: int, file_format: ReceiptsFormat
+) -> None:
+    writer = ReceiptWriter(directory, roll_bytes=roll_bytes, buffer=10_000, file_format=file_format)
     await writer.start()
     for receipt in items:
         await writer.put(receipt)
@@ -134,10 +136,14 @@ async def _write_async(items: list[Receipt], directory: Path, roll_bytes: int) -
 
 
 def write_with_receipt_writer(
-    items: list[Receipt], directory: Path, *, roll_bytes: int = 256 * 1024
+    items: list[Receipt],
+    directory: Path,
+    *,
+    roll_bytes: int = 256 * 1024,
+    file_format: ReceiptsFormat = "jsonl",
 ) -> None:
     """Write `items` with the gateway's real `ReceiptWriter` (files rolled by size)."""
-    asyncio.run(_write_async(items, directory, roll_bytes))
+    asyncio.run(_write_async(items, directory, roll_bytes, file_format))
 
 
 def _fast_chunk(args: tuple[int, int, int, str, int, float, int]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,23 @@ def test_apns_app_needs_one_auth_method(sample_plugin_installed: str) -> None:
     data = {"plugins": {"enabled": ["sample"], "sample": {"apps": {"a": {"type": "apns"}}}}}
     with pytest.raises(ConfigError, match=r"plugins.sample.apps.a: set either keyfile"):
         load_gateway(data=data)
+
+
+def test_receipts_format_defaults_to_jsonl_and_accepts_parquet() -> None:
+    assert load_settings(data={}).receipts.format == "jsonl"
+    assert load_settings(data={"receipts": {"format": "parquet"}}).receipts.format == "parquet"
+
+
+def test_parquet_receipts_without_pyarrow_fail_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if it were not installed
+    path = write(tmp_path / "c.yaml", {"receipts": {"format": "parquet"}})
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == (
+        f"{path}: receipts.format: parquet needs pyarrow, which is not installed: "
+        "install pushgw[parquet]"
+    )
+    monkeypatch.setenv("PUSHGW__RECEIPTS__FORMAT", "jsonl")
+    assert load_settings(path).receipts.format == "jsonl"

@@ -282,3 +282,17 @@ def test_parquet_receipts_are_read_too(spark: Any, tmp_path: Path) -> None:
     total = source.df.groupBy().sum("latency_ms").first()[0]
     assert source.stats().records == 300
     assert math.isclose(total, sum(round(r.latency * 1000, 3) for r in items), rel_tol=1e-9)
+
+
+def test_writer_parquet_reads_like_its_jsonl(spark: Any, tmp_path: Path) -> None:
+    items = list(synthetic.receipts(2000, seed=6))
+    as_jsonl, as_parquet = tmp_path / "jsonl", tmp_path / "parquet"
+    synthetic.write_with_receipt_writer(items, as_jsonl)
+    synthetic.write_with_receipt_writer(items, as_parquet, file_format="parquet")
+    assert {p.suffix for p in as_parquet.iterdir()} == {".parquet"}
+    from_jsonl = read_receipts(spark, str(as_jsonl))
+    from_parquet = read_receipts(spark, str(as_parquet))
+    rows = {r["push_id"]: r.asDict() for r in from_jsonl.df.collect()}
+    assert rows == {r["push_id"]: r.asDict() for r in from_parquet.df.collect()}
+    assert len(rows) == 2000 and rows[items[0].push_id]["ts"] == round(items[0].finished_at, 6)
+    assert (from_parquet.stats().records, from_parquet.stats().bad) == (2000, 0)

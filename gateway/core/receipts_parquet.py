@@ -1,0 +1,80 @@
+"""Converting a finished JSON Lines receipts file into Parquet (`receipts.format: parquet`).
+
+Needs pyarrow (the `pushgw[parquet]` extra); `gateway.core.receipts` imports this module
+only when the format is Parquet, so JSON Lines operators do not need pyarrow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+# The documented record (docs/receipts.md) with its nullability; integers are int64, as
+# the Spark reader's RECEIPT_FIELDS expect (spark_plugins/reader.py).
+SCHEMA = pa.schema(
+    [
+        pa.field("v", pa.int64(), nullable=False),
+        pa.field("ts", pa.float64(), nullable=False),
+        pa.field("push_id", pa.string(), nullable=False),
+        pa.field("plugin", pa.string(), nullable=False),
+        pa.field("app_id", pa.string(), nullable=False),
+        pa.field("provider", pa.string()),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("http_status", pa.int64()),
+        pa.field("reason", pa.string()),
+        pa.field("attempts", pa.int64(), nullable=False),
+        pa.field("latency_ms", pa.float64(), nullable=False),
+        pa.field("token_hash", pa.string()),
+    ]
+)
+
+
+def convert(source: Path, target: Path) -> int:
+    """Write the receipts of the JSON Lines file `source` to `target` (Parquet, snappy).
+
+    Returns the number of lines left out because they are not JSON (a line cut short by
+    a crash). A record that parses but does not fit the schema raises: such a file is
+    not the writer's, and it is better kept as JSON Lines than half converted.
+    """
+    try:
+        table, skipped = _read_json(str(source)), 0
+    except pa.ArrowInvalid:
+        data, skipped = _parsable_lines(source)
+        table = _read_json(pa.BufferReader(data)) if data else SCHEMA.empty_table()
+    pq.write_table(table.cast(SCHEMA), target, compression="snappy")
+    return skipped
+
+
+def _read_json(source: str | pa.NativeFile) -> pa.Table:
+    # Arrow's parser releases the GIL, so the event loop keeps running meanwhile; one
+    # thread leaves the other cores to the gateway.
+    return pa_json.read_json(
+        source,
+        read_options=pa_json.ReadOptions(use_threads=False),
+        parse_options=pa_json.ParseOptions(
+            explicit_schema=SCHEMA, unexpected_field_behavior="ignore"
+        ),
+    )
+
+
+def _parsable_lines(source: Path) -> tuple[bytes, int]:
+    """The lines of `source` that are JSON objects, and how many others were dropped."""
+    kept: list[bytes] = []
+    skipped = 0
+    with source.open("rb") as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except ValueError:  # UnicodeDecodeError included
+                ok = False
+            if ok:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+            else:
+                skipped += 1
+    return b"".join(kept), skipped

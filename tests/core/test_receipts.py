@@ -1,0 +1,300 @@
+"""The receipts writer: JSON Lines or Parquet rollover, and recovery of crashed writers' files."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+import gateway.core
+from gateway.app import load_gateway, running_core
+from gateway.core import receipts as receipts_module
+from gateway.core import receipts_parquet
+from gateway.core.push import Outcome, Receipt
+from gateway.core.receipts import ReceiptsFormat, ReceiptWriter, receipt_record
+from gateway.testing.harness import base_config
+from spark_plugins import synthetic
+
+CUT_LINE = '{"v":1,"ts":1735689600.5,"push_id":"6f1c'  # a write cut short by a crash
+
+
+@pytest.fixture(autouse=True)
+def immediate_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The writer still batches whatever is queued when it wakes; it just does not wait.
+    monkeypatch.setattr(receipts_module, "_FLUSH_INTERVAL", 0)
+
+
+def make_receipts(n: int, secrets_seen: set[str], seed: int = 7) -> list[Receipt]:
+    """Varied receipts plus one with every nullable field null; their ids must not be logged."""
+    items = list(synthetic.receipts(n - 1, seed=seed))
+    items.append(
+        Receipt(
+            push_id="2b1f0c55-0000-4000-8000-000000000001",
+            plugin="matrix",
+            app_id="unknown.app",
+            provider=None,
+            outcome=Outcome.PERMANENT,
+            status=None,
+            reason=None,
+            attempts=0,
+            latency=0.0001,
+            finished_at=1_735_689_600.25,
+            token_hash=None,
+        )
+    )
+    for item in items:
+        secrets_seen.add(item.push_id)
+        if item.token_hash:
+            secrets_seen.add(item.token_hash)
+    return items
+
+
+async def write_groups(
+    directory: Path,
+    groups: Sequence[Sequence[Receipt]],
+    *,
+    file_format: ReceiptsFormat,
+    roll_bytes: int = 64 * 1024 * 1024,
+) -> None:
+    """Write each group as one batch (the writer thread reports it), then close."""
+    loop = asyncio.get_running_loop()
+    written: asyncio.Queue[int] = asyncio.Queue()
+    writer = ReceiptWriter(
+        directory,
+        roll_bytes=roll_bytes,
+        file_format=file_format,
+        on_written=lambda n: loop.call_soon_threadsafe(written.put_nowait, n),
+    )
+    await writer.start()
+    for group in groups:
+        for receipt in group:
+            await writer.put(receipt)
+        assert await written.get() == len(group)
+    await writer.close()
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def parquet_rows(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    return [row for path in paths for row in pq.read_table(path).to_pylist()]
+
+
+def jsonl(records: Iterable[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+
+
+# --- Parquet rollover ----------------------------------------------------------------
+
+
+async def test_parquet_files_hold_exactly_the_records_put(
+    tmp_path: Path, secrets_seen: set[str]
+) -> None:
+    items = make_receipts(500, secrets_seen)
+    await write_groups(tmp_path, [items], file_format="parquet")
+    (only,) = names(tmp_path)
+    assert only.startswith("receipts-") and only.endswith(f"-{os.getpid()}-0001.parquet")
+    path = tmp_path / only
+    assert parquet_rows([path]) == [receipt_record(r) for r in items]
+    assert pq.read_schema(path).equals(receipts_parquet.SCHEMA)
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "SNAPPY"
+
+
+async def test_rolling_by_size_makes_one_parquet_file_per_roll(
+    tmp_path: Path, secrets_seen: set[str]
+) -> None:
+    items = make_receipts(90, secrets_seen)
+    groups = [items[:30], items[30:60], items[60:]]
+    # roll_bytes=1: every batch after the first finds its file due and rolls it
+    await write_groups(tmp_path, groups, file_format="parquet", roll_bytes=1)
+    files = sorted(tmp_path.iterdir())
+    assert [p.name[-12:] for p in files] == [f"{n:04d}.parquet" for n in (1, 2, 3)]
+    for path, group in zip(files, groups, strict=True):
+        assert parquet_rows([path]) == [receipt_record(r) for r in group]
+
+
+async def test_jsonl_stays_the_default(tmp_path: Path, secrets_seen: set[str]) -> None:
+    items = make_receipts(20, secrets_seen)
+    writer = ReceiptWriter(tmp_path)
+    await writer.start()
+    for receipt in items:
+        await writer.put(receipt)
+    await writer.close()
+    (only,) = tmp_path.iterdir()
+    assert only.name.endswith(".jsonl")
+    assert only.read_text() == jsonl(receipt_record(r) for r in items)
+
+
+async def test_failed_conversion_keeps_the_jsonl_file(
+    tmp_path: Path,
+    secrets_seen: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(source: Path, target: Path) -> int:
+        target.write_bytes(b"PAR1 half a file")
+        first = source.read_text().splitlines()[0]
+        raise ValueError(f"cannot convert {first}")  # as a parser quoting the record
+
+    monkeypatch.setattr(receipts_parquet, "convert", broken)
+    items = make_receipts(40, secrets_seen)
+    await write_groups(tmp_path, [items], file_format="parquet")
+    (only,) = tmp_path.iterdir()
+    assert only.name.endswith(".jsonl")  # no .parquet, no .parquet.tmp, no .open
+    assert only.read_text() == jsonl(receipt_record(r) for r in items)
+    assert "stays JSON Lines, Parquet conversion failed: ValueError" in caplog.text
+    # the autouse no_secrets_in_logs fixture checks that no push id or hash was logged
+
+
+async def test_without_pyarrow_files_stay_jsonl(
+    tmp_path: Path,
+    secrets_seen: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # as if pyarrow were not installed: importing the converter fails
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.delitem(sys.modules, "gateway.core.receipts_parquet")
+    monkeypatch.delattr(gateway.core, "receipts_parquet")
+    items = make_receipts(10, secrets_seen)
+    await write_groups(tmp_path, [items], file_format="parquet")
+    (only,) = tmp_path.iterdir()
+    assert only.name.endswith(".jsonl")
+    assert only.read_text() == jsonl(receipt_record(r) for r in items)
+    assert "files will stay JSON Lines: import of pyarrow halted" in caplog.text
+    assert "stays JSON Lines, Parquet conversion failed: import of pyarrow halted" in caplog.text
+
+
+async def test_the_gateway_passes_the_configured_format(
+    tmp_path: Path, secrets_seen: set[str]
+) -> None:
+    gateway = load_gateway(data=base_config(tmp_path, {}, receipts={"format": "parquet"}))
+    items = make_receipts(5, secrets_seen)
+    core = running_core(gateway)
+    async with core:
+        assert core.writer is not None
+        for receipt in items:
+            await core.writer.put(receipt)
+    (only,) = (tmp_path / "receipts").iterdir()
+    assert parquet_rows([only]) == [receipt_record(r) for r in items]
+
+
+# --- recovery of files left by crashed writers ----------------------------------------
+
+
+def dead_pid() -> int:
+    """A pid no process has (pids stay below pid_max, at most 2**22)."""
+    for pid in range(2**22, 1, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            continue
+    raise AssertionError("every pid is taken")
+
+
+def leftover(directory: Path, pid: int, text: str, seq: int = 1) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"receipts-20250101T000000Z-{pid}-{seq:04d}.jsonl.open"
+    path.write_text(text)
+    return path
+
+
+async def start_and_close(directory: Path, file_format: ReceiptsFormat) -> None:
+    writer = ReceiptWriter(directory, file_format=file_format)
+    await writer.start()  # recovery is done when start() returns
+    await writer.close()
+
+
+async def test_dead_writers_file_is_published_as_jsonl(
+    tmp_path: Path, secrets_seen: set[str]
+) -> None:
+    text = jsonl(receipt_record(r) for r in make_receipts(30, secrets_seen)) + CUT_LINE
+    path = leftover(tmp_path, dead_pid(), text)
+    await start_and_close(tmp_path, "jsonl")
+    assert names(tmp_path) == [path.name.removesuffix(".open")]
+    # the cut line stays: the Spark reader skips it and reports it by file and line
+    assert (tmp_path / path.name.removesuffix(".open")).read_text() == text
+
+
+async def test_dead_writers_file_is_converted_without_its_cut_line(
+    tmp_path: Path, secrets_seen: set[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    records = [receipt_record(r) for r in make_receipts(30, secrets_seen)]
+    path = leftover(tmp_path, dead_pid(), jsonl(records) + CUT_LINE)
+    await start_and_close(tmp_path, "parquet")
+    target = tmp_path / path.name.replace(".jsonl.open", ".parquet")
+    assert names(tmp_path) == [target.name]
+    assert parquet_rows([target]) == records
+    assert f"1 unparsable line(s) of {path.name}" in caplog.text
+    assert "6f1c" not in caplog.text
+
+
+@pytest.mark.parametrize("file_format", ["jsonl", "parquet"])
+async def test_dead_writers_empty_file_is_removed(
+    tmp_path: Path, file_format: ReceiptsFormat
+) -> None:
+    leftover(tmp_path, dead_pid(), "")
+    await start_and_close(tmp_path, file_format)
+    assert names(tmp_path) == []
+
+
+@pytest.mark.parametrize("file_format", ["jsonl", "parquet"])
+async def test_files_of_running_writers_are_left_alone(
+    tmp_path: Path, secrets_seen: set[str], file_format: ReceiptsFormat
+) -> None:
+    text = jsonl(receipt_record(r) for r in make_receipts(3, secrets_seen))
+    other = leftover(tmp_path, os.getppid(), text)  # another worker, still running
+    ours = leftover(tmp_path, os.getpid(), text, seq=2)  # another writer of this process
+    await start_and_close(tmp_path, file_format)
+    assert names(tmp_path) == sorted([other.name, ours.name])
+    assert other.read_text() == ours.read_text() == text
+
+
+async def test_file_of_a_former_process_with_our_pid_is_recovered(
+    tmp_path: Path, secrets_seen: set[str]
+) -> None:
+    records = [receipt_record(r) for r in make_receipts(3, secrets_seen)]
+    path = leftover(tmp_path, os.getpid(), jsonl(records))
+    written = receipts_module._PROCESS_STARTED - 60  # before this process started
+    os.utime(path, (written, written))
+    await start_and_close(tmp_path, "parquet")
+    assert parquet_rows(tmp_path.glob("*.parquet")) == records
+    assert not list(tmp_path.glob("*.open"))
+
+
+async def test_a_file_another_worker_is_recovering_is_skipped(
+    tmp_path: Path, secrets_seen: set[str]
+) -> None:
+    text = jsonl(receipt_record(r) for r in make_receipts(3, secrets_seen))
+    path = leftover(tmp_path, dead_pid(), text)
+    with path.open("rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        await start_and_close(tmp_path, "parquet")
+    assert names(tmp_path) == [path.name]
+
+
+async def test_open_file_already_converted_before_a_crash_is_removed(
+    tmp_path: Path, secrets_seen: set[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    records = [receipt_record(r) for r in make_receipts(3, secrets_seen)]
+    path = leftover(tmp_path, dead_pid(), jsonl(records))
+    converted = tmp_path / path.name.replace(".jsonl.open", ".parquet")
+    receipts_parquet.convert(path, converted)
+    caplog.set_level(logging.INFO)
+    # even with the format switched back to jsonl: no duplicate .jsonl next to the .parquet
+    await start_and_close(tmp_path, "jsonl")
+    assert names(tmp_path) == [converted.name]
+    assert parquet_rows([converted]) == records
+    assert f"recovered {path.name}" in caplog.text
