@@ -154,7 +154,9 @@ async def open_loop(
 ) -> list[float]:
     """Start requests at a fixed rate (independent of answers); return latencies in ms."""
     latencies: list[float] = []
-    tasks = []
+    # Only the running requests are kept: a load generator holding every finished task
+    # (and its result) would grow the heap and time its own garbage collection.
+    running: set[asyncio.Task[None]] = set()
 
     async def one(i: int) -> None:
         t0 = time.perf_counter()
@@ -168,8 +170,10 @@ async def open_loop(
         delay = target - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i)))
-    await asyncio.gather(*tasks)
+        task = asyncio.create_task(one(i))
+        running.add(task)
+        task.add_done_callback(running.discard)
+    await asyncio.gather(*running)
     return latencies
 
 

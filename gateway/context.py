@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import hmac
 import os
 from collections.abc import AsyncIterator, Callable
@@ -61,10 +60,13 @@ class TokenHasher:
     """
 
     def __init__(self, key: bytes) -> None:
-        self._key = key
+        # Keyed once: copying the keyed state is cheaper than keying it per token.
+        self._keyed = hmac.new(key, digestmod="sha256")
 
     def __call__(self, token: str) -> str:
-        return hmac.new(self._key, token.encode(), hashlib.sha256).hexdigest()
+        mac = self._keyed.copy()
+        mac.update(token.encode())
+        return mac.hexdigest()
 
 
 class NotRunning(RuntimeError):

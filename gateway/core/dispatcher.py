@@ -2,9 +2,9 @@
 retry policy, credential-wide back-off gates, circuit breakers and load shedding.
 
 Each `send()` runs in the caller's task: there is no worker pool to hop through, so
-an idle gateway adds no latency, and the lane's semaphore is the queue (its waiters
-are served in FIFO order). A lane is one plugin's app: a slow or broken app only
-ever blocks its own lane.
+an idle gateway adds no latency, and the lane's slots are the queue (their waiters
+are served in FIFO order and give up at their deadline). A lane is one plugin's app: a
+slow or broken app only ever blocks its own lane.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gateway.config import DeliveryConfig
 from gateway.core.metrics import LaneMetrics, Metrics
 from gateway.core.providers import ProviderClient
 from gateway.core.push import Attempt, InvalidToken, Outcome, Push, Reason, Receipt
+from gateway.core.slots import DeadlineSlots
 from gateway.core.tokens import InvalidationGuard, TokenInvalidation
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Lane:
     plugin: str
     app_id: str
     client: ProviderClient
-    semaphore: asyncio.Semaphore
+    slots: DeadlineSlots
     breaker: CircuitBreaker
     guard: InvalidationGuard
     metrics: LaneMetrics
@@ -110,7 +111,7 @@ class Dispatcher:
             plugin=plugin,
             app_id=app_id,
             client=client,
-            semaphore=asyncio.Semaphore(client.max_in_flight),
+            slots=DeadlineSlots(client.max_in_flight),
             breaker=CircuitBreaker(cb.failure_threshold, cb.reset_after),
             guard=InvalidationGuard(
                 self.config.invalidation_guard_min,
@@ -196,7 +197,7 @@ class Dispatcher:
                     )
                 await asyncio.sleep(lane.gate_until - now)
                 continue
-            if not await self._acquire(lane.semaphore, deadline):
+            if not await lane.slots.acquire(deadline):
                 return await self._shed(
                     push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts
                 )
@@ -204,7 +205,7 @@ class Dispatcher:
             try:
                 attempt = await client.send(push)
             finally:
-                lane.semaphore.release()
+                lane.slots.release()
             attempts += 1
             finished = time.monotonic()
             self._observe_attempt(lane, attempt, finished - started)
@@ -244,19 +245,6 @@ class Dispatcher:
                 backoff_delay(retries, self.config.backoff_base, self.config.backoff_cap),
             )
         return backoff_delay(retries, self.config.backoff_base, self.config.backoff_cap)
-
-    @staticmethod
-    async def _acquire(semaphore: asyncio.Semaphore, deadline: float) -> bool:
-        """Take a slot, waiting at most until `deadline` (time.monotonic(), as loop.time())."""
-        if not semaphore.locked():
-            await semaphore.acquire()  # uncontended: returns without suspending
-            return True
-        try:
-            async with asyncio.timeout_at(deadline):  # no extra task, unlike wait_for
-                await semaphore.acquire()
-            return True
-        except TimeoutError:
-            return False
 
     @staticmethod
     def _observe_attempt(lane: Lane, attempt: Attempt, seconds: float) -> None:

@@ -4,6 +4,7 @@ deadline, Retry-After, gates, shedding, circuit breaking, the invalidation guard
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,3 +362,20 @@ def test_push_ids_are_canonical_v4_uuids() -> None:
     for value in list(ids)[:200]:
         parsed = uuid.UUID(value)
         assert str(parsed) == value and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+def test_a_forked_child_draws_its_own_push_ids() -> None:
+    from gateway.core.push import new_push_id
+
+    parent = new_push_id()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report one id and leave without running pytest's teardown
+        os.write(write, new_push_id().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child != parent
+    assert child[:24] != parent[:24]  # a new random prefix, not the parent's sequence

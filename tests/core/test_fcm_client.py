@@ -361,6 +361,27 @@ async def test_data_size_limit(
 
 
 @pytest.mark.parametrize(
+    ("value", "encoded_bytes"),
+    [
+        ("\x01", 6),  # escaped as \u0001
+        ("\u00e9", 2),
+        ("\U0001f600", 4),
+        ('"', 2),
+    ],
+)
+async def test_data_size_counts_encoded_bytes(
+    make_client: MakeClient, value: str, encoded_bytes: int
+) -> None:
+    """The limit applies to the compact UTF-8 JSON of `data`, not to its characters."""
+    client = await make_client()
+    overhead = len('{"k":""}')
+    fits = (4096 - overhead) // encoded_bytes
+    assert client.validate(push_for(token(), {"data": {"k": value * fits}})) is None
+    refusal = client.validate(push_for(token(), {"data": {"k": value * (fits + 1)}}))
+    assert refusal is not None and refusal.reason == Reason.PAYLOAD_TOO_LARGE
+
+
+@pytest.mark.parametrize(
     "payload",
     [
         {"data": {"n": 1}},
