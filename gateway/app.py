@@ -10,6 +10,7 @@ gateways can run in one process (the tests do).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -48,6 +49,7 @@ AppConfig = ApnsAppConfig | FcmAppConfig
 ClientFactory = Callable[[str, AppConfig, Settings], ProviderClient]
 
 CORE_ROUTES = ("/healthz", "/readyz", "/metrics")
+METRICS_FLUSH_INTERVAL = 1.0  # seconds a metric change may wait before other workers see it
 
 
 def default_client_factory(app_id: str, config: AppConfig, settings: Settings) -> ProviderClient:
@@ -192,6 +194,7 @@ class running_core:
         self.gateway = gateway
         self.migrate = gateway.settings.store.auto_upgrade if migrate is None else migrate
         self.writer: ReceiptWriter | None = None
+        self.flusher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LoadedGateway:
         gw = self.gateway
@@ -218,6 +221,7 @@ class running_core:
             dispatcher.add_app(plugin, app_id, gw.client_factory(app_id, app_config, settings))
         await dispatcher.start()
         gw.runtime.dispatcher = dispatcher
+        self.flusher = asyncio.create_task(_flush_metrics(gw.runtime.metrics), name="metrics")
         return gw
 
     async def __aexit__(self, *exc: object) -> None:
@@ -226,12 +230,26 @@ class running_core:
         if dispatcher is not None:
             await dispatcher.drain(gw.settings.server.shutdown_timeout)
             await dispatcher.close()
+        if self.flusher is not None:
+            self.flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.flusher
+            self.flusher = None
+        gw.runtime.metrics.flush()
         if self.writer is not None:
             await self.writer.close()
         if gw.runtime.store is not None:
             await gw.runtime.store.close()
         gw.runtime.dispatcher = None
         gw.runtime.store = None
+
+
+async def _flush_metrics(metrics: Metrics) -> None:
+    """Flush the metric tallies every second: a scrape of this process flushes them
+    itself, but with several workers another worker may answer the scrape."""
+    while True:
+        await asyncio.sleep(METRICS_FLUSH_INTERVAL)
+        metrics.flush()
 
 
 def _make_sink(
@@ -319,7 +337,11 @@ async def _readyz(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     metrics = request.app[GATEWAY].runtime.metrics
-    body = await asyncio.to_thread(metrics.exposition) if _multiproc() else metrics.exposition()
+    if _multiproc():
+        metrics.flush()  # here, on the loop thread that owns the tallies
+        body = await asyncio.to_thread(metrics.exposition)
+    else:
+        body = metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": metrics.content_type})
 
 

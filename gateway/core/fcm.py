@@ -22,7 +22,9 @@ import aiohttp
 import google.auth.exceptions
 import google.auth.transport.requests
 import requests
+import yarl
 from firebase_admin import credentials
+from multidict import CIMultiDict
 
 from gateway.config import FcmAppConfig
 from gateway.core.classify import classify_fcm
@@ -81,7 +83,7 @@ class FcmClient:
         self._timeout = config.request_timeout
 
         self._session: aiohttp.ClientSession | None = None
-        self._headers: dict[str, str] | None = None
+        self._headers: CIMultiDict[str] | None = None
         self._generation = 0  # bumped on every new access token
         self._auth_failed_generation = -1
         self._refresh_at = 0.0  # monotonic: start a background refresh
@@ -91,6 +93,14 @@ class FcmClient:
         self._fetch_error: Exception | None = None
         self._fetch_retry_at = 0.0
         self.token_fetches = 0
+
+    @property
+    def send_url(self) -> str:
+        return str(self._send_url)
+
+    @send_url.setter
+    def send_url(self, url: str) -> None:
+        self._send_url = yarl.URL(url)  # parsed once, not per request
 
     # ProviderClient ------------------------------------------------------------------
 
@@ -107,6 +117,9 @@ class FcmClient:
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
                 trust_env=False,  # the proxy is resolved once (`resolve_proxy`)
                 raise_for_status=False,
+                # FCM sets no cookies worth keeping; a real jar filters and stores them
+                # on every request.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         if self._headers is None:
             try:
@@ -205,7 +218,7 @@ class FcmClient:
             )
         try:
             async with session.post(
-                self.send_url, data=body, headers=headers, proxy=self._proxy
+                self._send_url, data=body, headers=headers, proxy=self._proxy
             ) as response:
                 status = response.status
                 raw = await response.read()
@@ -299,10 +312,10 @@ class FcmClient:
         now = time.monotonic()
         self._expires_at = now + max(lifetime - 10.0, 0.0)
         self._refresh_at = now + lifetime - min(REFRESH_AHEAD, lifetime / 2)
-        self._headers = {
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/json; charset=UTF-8",
-        }
+        # A CIMultiDict, which aiohttp would otherwise build from a dict on every request.
+        self._headers = CIMultiDict(
+            {"Authorization": f"Bearer {token}", "Content-Type": "application/json; charset=UTF-8"}
+        )
         self._generation += 1
         self.token_fetches += 1
         log.info("FCM app %s: OAuth token fetched (valid %d s)", self.app_id, lifetime)
