@@ -181,7 +181,13 @@ class MarmotConfig(ConfigModel):
     crypto_threads: int = Field(
         default=0,
         ge=0,
-        description="Threads for unwrap/decrypt (0: inline on the event loop, fastest on 2 cores)",
+        description="Threads for unwrap/decrypt (0: inline on the event loop)",
+    )
+    crypto_processes: int = Field(
+        default=0,
+        ge=0,
+        description="Worker processes for unwrap/decrypt, each on a core of its own "
+        "(0: in the gateway process; see crypto_threads)",
     )
     cache_size: int = Field(
         default=100_000, ge=1, description="Entries of the seen-wrap, dedup and limiter LRUs"
@@ -239,6 +245,8 @@ class MarmotConfig(ConfigModel):
             raise ValueError("configure apns.app or fcm.app (or both)")
         if self.backoff_max < self.backoff_min:
             raise ValueError("backoff_max must be >= backoff_min")
+        if self.crypto_threads and self.crypto_processes:
+            raise ValueError("set crypto_threads or crypto_processes, not both")
         return self
 
     @property

@@ -22,8 +22,10 @@ triggers/s at 4.4 ms of gateway CPU per trigger; in one worker thread, 162 trigg
 The hand-offs cost more than they save: base64 and JSON hold the GIL, and every step wakes the
 other thread. Hence the default ``crypto_threads: 0``: each CPU step runs inline after one yield to
 the loop, so nothing waits behind more than one ~2 ms step; more threads are for hosts with idle
-cores. Every piece of shared state (caches, limiters, metrics) is touched only from the event loop
-and needs no lock.
+cores. ``crypto_processes: N`` runs both steps in N worker processes instead
+(:mod:`plugins.marmot.crypto_pool`): that costs ~1 ms of CPU per trigger in pickling and pipes,
+and buys the use of more cores than one. Every piece of shared state (caches, limiters, metrics)
+is touched only from the event loop and needs no lock.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from gateway.api import ApnsOptions, Outcome, Push, PushPolicy, Receipt
+from plugins.marmot import crypto_pool
 from plugins.marmot.config import MarmotConfig
-from plugins.marmot.errors import ChunkRejected, ChunkResult, Dropped
+from plugins.marmot.errors import ChunkResult, Dropped, DropReason
 from plugins.marmot.inbox import ensure_inbox_list, relay_set
 from plugins.marmot.keys import ServerKey
 from plugins.marmot.limits import KeyedLimiter, LruSet, TtlLru
@@ -47,7 +51,7 @@ from plugins.marmot.metrics import MarmotMetrics
 from plugins.marmot.nostr import GiftUnwrapper
 from plugins.marmot.relay import RelayClient, RelaySettings, RelayState
 from plugins.marmot.tokens import DeviceToken, Platform, TokenDecryptor, TokenFormat
-from plugins.marmot.trigger import Trigger, parse_trigger
+from plugins.marmot.trigger import Trigger
 
 __all__ = ["MarmotService", "Submit"]
 
@@ -148,6 +152,14 @@ class MarmotService:
         self._queue: asyncio.Queue[Mapping[str, Any]] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._executor: ThreadPoolExecutor | None = None
+        self._pool: ProcessPoolExecutor | None = None
+        self._setup = crypto_pool.CryptoSetup(
+            secret=key.secret,
+            max_event_bytes=config.max_event_bytes,
+            max_age=config.max_age,
+            max_future_skew=config.max_future_skew,
+            trigger_config=self.trigger_config,
+        )
         self._inflight_ids: dict[str, list[Mapping[str, Any]]] = {}
         self._inflight = 0
         self._inbox_task: asyncio.Task[None] | None = None
@@ -170,7 +182,18 @@ class MarmotService:
         self._running = True
         cfg = self.config
         self._queue = asyncio.Queue(cfg.queue_size)
-        if cfg.crypto_threads:
+        if cfg.crypto_processes:
+            self._pool = crypto_pool.start_pool(cfg.crypto_processes, self._setup)
+            # Spawned workers import the plugin first (~0.5 s): before the relays, not on the
+            # first trigger.
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(
+                *(
+                    loop.run_in_executor(self._pool, crypto_pool.ping)
+                    for _ in range(cfg.crypto_processes)
+                )
+            )
+        elif cfg.crypto_threads:
             self._executor = ThreadPoolExecutor(cfg.crypto_threads, "marmot-crypto")
         self._workers = [
             asyncio.create_task(self._worker(), name=f"marmot-worker-{i}")
@@ -204,7 +227,16 @@ class MarmotService:
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await asyncio.get_running_loop().run_in_executor(None, pool.shutdown)
         self._queue = None
+
+    def crypto_worker_pids(self) -> list[int]:
+        """Pids of the crypto worker processes (none unless ``crypto_processes``)."""
+        pool = self._pool
+        # ProcessPoolExecutor lists its workers only in a private mapping.
+        return sorted(getattr(pool, "_processes", None) or {}) if pool is not None else []
 
     def ready(self) -> bool:
         """Ready while at least one inbox relay has a live subscription."""
@@ -366,26 +398,47 @@ class MarmotService:
         for _ in attached:
             self._count("seen", "duplicate")
 
-    def _open(self, event: Mapping[str, Any], verified: list[str]) -> Trigger:
-        """Checks 1-9: unwrap, then profile and content parsing (CPU step)."""
-        rumor = self.unwrapper.unwrap(event, on_verified=verified.append)
-        return parse_trigger(rumor, self.trigger_config)
+    async def _open(self, event: Mapping[str, Any], verified: list[str]) -> Trigger:
+        """Checks 1-9 (CPU step); raises :class:`Dropped`."""
+        if self._pool is None:
+            return await self._cpu(
+                crypto_pool.open_with, self.unwrapper, self.trigger_config, event, verified
+            )
+        ids, outcome = await self._in_pool(crypto_pool.open_trigger, dict(event))
+        verified.extend(ids)
+        if isinstance(outcome, DropReason):
+            raise Dropped(outcome)
+        return outcome
 
-    def _decrypt(self, chunks: list[bytes], fmt: TokenFormat) -> list[DeviceToken | ChunkResult]:
-        """ECDH, HKDF, AEAD and plaintext checks of each chunk (CPU step)."""
-        out: list[DeviceToken | ChunkResult] = []
-        decrypt = self.decryptor.decrypt_chunk
-        for chunk in chunks:
+    async def _decrypt(
+        self, chunks: list[bytes], fmt: TokenFormat
+    ) -> list[DeviceToken | ChunkResult]:
+        """Decryption of the allowed chunks (CPU step)."""
+        if self._pool is None:
+            return await self._cpu(crypto_pool.decrypt_with, self.decryptor, chunks, fmt)
+        return await self._in_pool(crypto_pool.decrypt_chunks, chunks, fmt)
+
+    async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` in the crypto processes; a crashed pool is replaced and `fn` retried once."""
+        loop = asyncio.get_running_loop()
+        for attempt in (1, 2):
+            pool = self._pool
+            assert pool is not None
             try:
-                out.append(decrypt(chunk, fmt))
-            except ChunkRejected as exc:
-                out.append(exc.reason)
-        return out
+                return await loop.run_in_executor(pool, fn, *args)
+            except BrokenProcessPool:
+                if attempt == 2:
+                    raise
+                log.warning("marmot: a crypto worker process died; starting new ones")
+                if self._pool is pool:  # not yet replaced by another task
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = crypto_pool.start_pool(self.config.crypto_processes, self._setup)
+        raise AssertionError("unreachable")
 
     async def _handle(self, event: Mapping[str, Any]) -> None:
         verified: list[str] = []
         try:
-            trigger = await self._cpu(self._open, event, verified)
+            trigger = await self._open(event, verified)
         except Dropped as exc:
             self._count(exc.stage, exc.reason.value)
             return
@@ -411,7 +464,7 @@ class MarmotService:
                 self._count_chunk(profile, "rate_limited")
         if not allowed:
             return
-        results = await self._cpu(self._decrypt, allowed, trigger.token_format)
+        results = await self._decrypt(allowed, trigger.token_format)
         pushed: set[tuple[Platform, bytes]] = set()
         for result in results:
             if not isinstance(result, DeviceToken):

@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -74,6 +75,10 @@ class TokenFormat:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_extract", HMAC(self.salt, SHA256()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (to crypto worker processes) as its fields; the keyed HMAC is rebuilt there.
+        return (TokenFormat, (self.name, self.salt, self.info, self.plaintext_len))
 
     @property
     def chunk_len(self) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -57,11 +59,18 @@ def pushed_tokens(gw: MarmotGateway) -> list[str]:
     return sorted([r.token for r in gw.apns.requests] + [r.token or "" for r in gw.fcm.requests])
 
 
+# Unwrap and decryption inline on the event loop (default), and in a worker process.
+CRYPTO_MODES = pytest.mark.parametrize(
+    "crypto", [{}, {"crypto_processes": 1}], ids=["inline", "worker-process"]
+)
+
+
+@CRYPTO_MODES
 async def test_live_triggers_of_both_profiles_and_all_sizes(
-    nostr_relay: NostrRelayProcess, tmp_path: Path
+    nostr_relay: NostrRelayProcess, tmp_path: Path, crypto: dict[str, Any]
 ) -> None:
     """1 and 19 chunks by nostr-sdk, 32 by our builder (nostr-sdk cannot), decoys and padding."""
-    async with marmot_gateway(tmp_path, [nostr_relay.url]) as gw:
+    async with marmot_gateway(tmp_path, [nostr_relay.url], **crypto) as gw:
         key = gw.key
         expected: list[Device] = []
         # 1 chunk, marmot-push-v1, nostr-sdk
@@ -118,11 +127,12 @@ async def test_live_triggers_of_both_profiles_and_all_sizes(
         assert live in metrics
 
 
+@CRYPTO_MODES
 async def test_hostile_and_replayed_events_through_the_relay(
-    nostr_relay: NostrRelayProcess, tmp_path: Path
+    nostr_relay: NostrRelayProcess, tmp_path: Path, crypto: dict[str, Any]
 ) -> None:
     """What a relay does carry (valid outer signature): each dropped at its stage, then a push."""
-    async with marmot_gateway(tmp_path, [nostr_relay.url], max_age=3600) as gw:
+    async with marmot_gateway(tmp_path, [nostr_relay.url], max_age=3600, **crypto) as gw:
         key = gw.key
         now = int(time.time())
         events = {
@@ -168,6 +178,28 @@ async def test_hostile_and_replayed_events_through_the_relay(
         for (stage, result), n in expected.items():
             assert gw.metric("pushgw_marmot_events_total", stage=stage, result=result) == n, result
         assert gw.service.ready()
+
+
+async def test_a_killed_crypto_worker_is_replaced_and_nothing_is_lost(
+    nostr_relay: NostrRelayProcess, tmp_path: Path
+) -> None:
+    async with marmot_gateway(tmp_path, [nostr_relay.url], crypto_processes=1) as gw:
+        key = gw.key
+
+        def trigger(device: Device) -> str:
+            return our_wrap(key, content_of([chunk_for(key, device)]), [V_MARMOT])
+
+        first, second = fcm_device(), apns_device()
+        assert await publish(nostr_relay.url, trigger(first)) == ""
+        await wait_pushed(gw, 0, 1)
+        (pid,) = gw.service.crypto_worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        assert await publish(nostr_relay.url, trigger(second)) == ""
+        await wait_pushed(gw, 1, 1)
+        assert pushed_tokens(gw) == sorted([first.token, second.token])
+        (replacement,) = gw.service.crypto_worker_pids()
+        assert replacement != pid
+        assert gw.metric("pushgw_marmot_events_total", stage="internal", result="error") == 0
 
 
 async def test_hostile_frames_do_not_break_the_listener(tmp_path: Path) -> None:
