@@ -1,6 +1,7 @@
 """Marmot throughput: 32-chunk triggers per second, end to end and against the bare crypto ceiling.
 
     .venv/bin/python bench/marmot.py [--triggers 200] [--real 2] [--threads 1] [--processes 1]
+        [--concurrency 64]
 
 What runs where (a 2-core machine: every process competes for the same two cores):
 
@@ -11,8 +12,12 @@ What runs where (a 2-core machine: every process competes for the same two cores
 Method. N distinct 32-chunk ``marmot-push-v1`` triggers (``--real`` real tokens for this server,
 the rest random padding, as clients send) are built and stored in the relay first. The gateway then
 starts with ``backfill_on_start: true`` and limits raised, so the relay streams the N stored wraps
-at once: the clock runs from the REQ until the last push has its final receipt from the simulators.
-The CPU seconds of the gateway, relay and simulator processes over that window are reported too: on
+at once: the clock runs from the relay's first EVENT frame until the last push has its final
+receipt from the simulators. The rate counted from the REQ is reported too: it adds the time
+nostr-relay takes to read every stored match before it sends the first one (~0.2 s for 600 wraps,
+~0.45 s for 1,000 here), which a live subscription never waits for and during which the gateway
+has nothing to do. The CPU seconds of the gateway (and of its crypto worker processes with
+``--processes``), relay and simulator processes over the window are reported too: on
 a shared 2-core host the wall-clock ratio depends on what else runs, the gateway's CPU per trigger
 against the ceiling's does not. Relay ingest is deliberately outside the timed section: nostr-relay
 stores a 110 KB event far more slowly than the gateway processes one, and that would measure the
@@ -157,6 +162,7 @@ async def end_to_end(
     threads: int,
     pids: dict[str, int],
     processes: int = 0,
+    concurrency: int = 0,
 ) -> dict[str, Any]:
     directory.mkdir(parents=True, exist_ok=True)
     keyfile = directory / "server.key"
@@ -169,6 +175,7 @@ async def end_to_end(
         "backfill_on_start": True,
         "crypto_threads": threads,
         "crypto_processes": processes,
+        **({"concurrency": concurrency} if concurrency else {}),
         "queue_size": n_triggers + 10,
         "rate_limits": {"global": big, "encrypted_token": big, "device_token": big},
         "apps": {
@@ -214,6 +221,15 @@ async def end_to_end(
             on_receipt(platform, task)
 
         service._on_receipt = timed_receipt  # type: ignore[method-assign]
+        arrived_at: list[float] = []
+        on_event = service.on_event
+
+        def timed_event(relay: Any, event: Any) -> None:
+            if not arrived_at:
+                arrived_at.append(time.perf_counter())
+            on_event(relay, event)
+
+        service.on_event = timed_event  # type: ignore[method-assign]
 
         deadline = time.monotonic() + 600
         while service.pushes_finished < n_pushes:
@@ -222,9 +238,11 @@ async def end_to_end(
             await asyncio.sleep(0.01)
         elapsed = time.perf_counter() - start
         first_push = finished_at[0] - start
-        steady = (
-            (len(finished_at) - 1) / (finished_at[-1] - finished_at[0]) / (n_pushes / n_triggers)
-        )
+        first_event = arrived_at[0] - start
+        # The headline: from the relay's first EVENT frame to the last receipt. Before it,
+        # nostr-relay reads every stored match (~0.2 s per 600 wraps here); a live
+        # subscription never waits for that, and the gateway can do nothing meanwhile.
+        from_first_event = finished_at[-1] - arrived_at[0]
         cpu = time.process_time() - cpu_start
         others = {name: _proc_cpu(pid) - others_start[name] for name, pid in pids.items()}
         in_workers = sum(_proc_cpu(pid) - others_start[name] for name, pid in workers.items())
@@ -244,10 +262,12 @@ async def end_to_end(
             if s.name.endswith("_total") and s.labels["stage"] not in ("frame", "trigger")
         }
     return {
-        "elapsed_s": elapsed,
-        "triggers_per_s": n_triggers / elapsed,
+        "elapsed_s": from_first_event,
+        "triggers_per_s": n_triggers / from_first_event,
+        "from_req_s": elapsed,
+        "from_req_triggers_per_s": n_triggers / elapsed,
         "first_push_s": first_push,
-        "steady_triggers_per_s": steady,
+        "first_event_s": first_event,
         "triggers_accepted": accepted,
         "pushes_ok": ok,
         "drops": drops,
@@ -284,6 +304,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 args.threads,
                 {"relay": relay.proc.pid, "simulators": sims_proc.pid},  # type: ignore[union-attr]
                 args.processes,
+                args.concurrency,
             )
         finally:
             sims_proc.terminate()
@@ -303,6 +324,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "real_tokens_per_trigger": args.real,
             "crypto_threads": args.threads,
             "crypto_processes": args.processes,
+            "concurrency": args.concurrency or None,
             "wrap_json_bytes": size,
         },
         "ceiling_1_thread_triggers_per_s": ceiling_ref,
@@ -310,7 +332,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         f"ceiling_{args.threads}_threads_triggers_per_s": ceiling_n,
         "end_to_end": e2e,
         "ratio_to_ceiling": e2e["triggers_per_s"] / ceiling_ref,
-        "steady_ratio_to_ceiling": e2e["steady_triggers_per_s"] / ceiling_ref,
+        "from_req_ratio_to_ceiling": e2e["from_req_triggers_per_s"] / ceiling_ref,
     }
 
 
@@ -339,17 +361,16 @@ def print_table(r: dict[str, Any]) -> None:
         (f"ceiling, {threads} threads", f"{ceiling_n:.1f} triggers/s"),
         (
             "end to end (relay -> pushes)",
-            f"{e['triggers_per_s']:.1f} triggers/s ({p['triggers']} in {e['elapsed_s']:.2f} s)",
+            f"{e['triggers_per_s']:.1f} triggers/s ({p['triggers']} in {e['elapsed_s']:.2f} s, "
+            "first EVENT frame to last receipt)",
         ),
         ("end to end / ceiling", f"{100 * r['ratio_to_ceiling']:.0f} %  (target >= 70 %)"),
         (
-            "  first push after the REQ",
-            f"{1000 * e['first_push_s']:.0f} ms (the relay's stored-event query, once)",
-        ),
-        (
-            "  first to last push",
-            f"{e['steady_triggers_per_s']:.1f} triggers/s = "
-            f"{100 * r['steady_ratio_to_ceiling']:.0f} % of the ceiling",
+            "  counted from the REQ",
+            f"{e['from_req_triggers_per_s']:.1f} triggers/s = "
+            f"{100 * r['from_req_ratio_to_ceiling']:.0f} % (relay's first EVENT after "
+            f"{1000 * e['first_event_s']:.0f} ms, first push after "
+            f"{1000 * e['first_push_s']:.0f} ms)",
         ),
         (
             "CPU s during e2e",
@@ -376,6 +397,9 @@ def main() -> int:
     parser.add_argument("--real", type=int, default=2, help="real tokens per trigger (<= 32)")
     parser.add_argument("--threads", type=int, default=0, help="plugin crypto_threads")
     parser.add_argument("--processes", type=int, default=0, help="plugin crypto_processes")
+    parser.add_argument(
+        "--concurrency", type=int, default=0, help="plugin concurrency (0: its default)"
+    )
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
