@@ -35,27 +35,45 @@ _RECENT_SECONDS = 60.0
 
 
 class InvalidationGuard:
-    """Holds invalidations while > `ratio` of >= `minimum` sends in `window` s were invalid."""
+    """Holds invalidations while > `ratio` of >= `minimum` sends in `window` s were invalid.
+
+    Sends are counted in `BUCKETS` time buckets rather than remembered one by one: at
+    thousands of pushes a second, a 300 s window of individual sends would be millions of
+    entries. The window therefore moves in steps of `window / BUCKETS` (5 s by default).
+    """
+
+    BUCKETS = 60
 
     def __init__(self, minimum: int = 100, ratio: float = 0.5, window: float = 300.0) -> None:
         self.minimum = minimum
         self.ratio = ratio
         self.window = window
-        self._sends: deque[tuple[float, bool]] = deque()
+        self._width = window / self.BUCKETS
+        self._buckets: deque[list[int]] = deque()  # [bucket number, sends, invalid]
+        self._sends = 0
         self._invalid = 0
 
     def record(self, invalid: bool, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        self._sends.append((now, invalid))
-        self._invalid += invalid
-        horizon = now - self.window
-        while self._sends and self._sends[0][0] < horizon:
-            _, was_invalid = self._sends.popleft()
-            self._invalid -= was_invalid
+        number = int(now // self._width)
+        buckets = self._buckets
+        if not buckets or buckets[-1][0] != number:
+            buckets.append([number, 0, 0])
+            oldest = number - self.BUCKETS  # buckets before it are wholly outside the window
+            while buckets[0][0] <= oldest:
+                _, sends, invalids = buckets.popleft()
+                self._sends -= sends
+                self._invalid -= invalids
+        bucket = buckets[-1]
+        bucket[1] += 1
+        self._sends += 1
+        if invalid:
+            bucket[2] += 1
+            self._invalid += 1
 
     @property
     def tripped(self) -> bool:
-        n = len(self._sends)
+        n = self._sends
         return n >= self.minimum and self._invalid > self.ratio * n
 
 

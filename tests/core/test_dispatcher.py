@@ -379,3 +379,35 @@ def test_a_forked_child_draws_its_own_push_ids() -> None:
     os.waitpid(pid, 0)
     assert child != parent
     assert child[:24] != parent[:24]  # a new random prefix, not the parent's sequence
+
+
+def test_invalidation_guard_counts_a_moving_window() -> None:
+    from gateway.core.tokens import InvalidationGuard
+
+    guard = InvalidationGuard(minimum=10, ratio=0.5, window=300.0)
+    for i in range(9):
+        guard.record(True, now=1000.0 + i)
+    assert not guard.tripped  # fewer than `minimum` sends
+    guard.record(True, now=1010.0)
+    assert guard.tripped
+    for i in range(10):
+        guard.record(False, now=1020.0 + i)
+    assert not guard.tripped  # 10 invalid of 20 is not more than half
+    guard.record(True, now=1030.0)
+    assert guard.tripped
+    # Five minutes on, the invalid sends have left the window; the valid ones follow.
+    for i in range(10):
+        guard.record(False, now=1330.0 + i)
+    assert not guard.tripped
+
+
+def test_invalidation_guard_memory_does_not_grow_with_the_rate() -> None:
+    from gateway.core.tokens import InvalidationGuard
+
+    guard = InvalidationGuard(minimum=100, ratio=0.5, window=300.0)
+    for i in range(600_000):  # 1,000 sends a second for ten minutes
+        guard.record(i % 3 == 0, now=i / 1000)
+    assert len(guard._buckets) <= InvalidationGuard.BUCKETS + 1
+    assert not guard.tripped
+    assert guard._sends == sum(b[1] for b in guard._buckets)
+    assert 295_000 <= guard._sends <= 300_000  # the last five minutes, within one bucket
