@@ -185,6 +185,9 @@ class DeliveryConfig(ConfigModel):
     invalidation_guard_window: float = Field(300.0, gt=0)
 
 
+ReceiptsFormat = Literal["jsonl", "parquet"]
+
+
 class ReceiptsConfig(ConfigModel):
     enabled: bool = True
     directory: Path = Path("var/receipts")
@@ -195,7 +198,7 @@ class ReceiptsConfig(ConfigModel):
     roll_seconds: float = Field(3600.0, gt=0)
     roll_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     buffer: int = Field(50_000, ge=1, description="Receipts buffered before back-pressure")
-    format: Literal["jsonl", "parquet"] = Field(
+    format: ReceiptsFormat = Field(
         "jsonl",
         description="Format of rolled files: jsonl, or parquet (converted when a file rolls)",
     )

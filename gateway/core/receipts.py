@@ -20,13 +20,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
+from gateway.config import ReceiptsFormat
 from gateway.core.push import Receipt
 
 log = logging.getLogger(__name__)
-
-ReceiptsFormat = Literal["jsonl", "parquet"]
 
 SCHEMA_VERSION = 1
 _FLUSH_INTERVAL = 0.25  # seconds a record may wait in memory before it is written

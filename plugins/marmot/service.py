@@ -153,13 +153,6 @@ class MarmotService:
         self._workers: list[asyncio.Task[None]] = []
         self._executor: ThreadPoolExecutor | None = None
         self._pool: ProcessPoolExecutor | None = None
-        self._setup = crypto_pool.CryptoSetup(
-            secret=key.secret,
-            max_event_bytes=config.max_event_bytes,
-            max_age=config.max_age,
-            max_future_skew=config.max_future_skew,
-            trigger_config=self.trigger_config,
-        )
         self._inflight_ids: dict[str, list[Mapping[str, Any]]] = {}
         self._inflight = 0
         self._inbox_task: asyncio.Task[None] | None = None
@@ -183,7 +176,7 @@ class MarmotService:
         cfg = self.config
         self._queue = asyncio.Queue(cfg.queue_size)
         if cfg.crypto_processes:
-            self._pool = crypto_pool.start_pool(cfg.crypto_processes, self._setup)
+            self._pool = self._start_pool()
             # Spawned workers import the plugin first (~0.5 s): before the relays, not on the
             # first trigger.
             loop = asyncio.get_running_loop()
@@ -418,6 +411,17 @@ class MarmotService:
             return await self._cpu(crypto_pool.decrypt_with, self.decryptor, chunks, fmt)
         return await self._in_pool(crypto_pool.decrypt_chunks, chunks, fmt)
 
+    def _start_pool(self) -> ProcessPoolExecutor:
+        config = self.config
+        setup = crypto_pool.CryptoSetup(
+            secret=self._key.secret,
+            max_event_bytes=config.max_event_bytes,
+            max_age=config.max_age,
+            max_future_skew=config.max_future_skew,
+            trigger_config=self.trigger_config,
+        )
+        return crypto_pool.start_pool(config.crypto_processes, setup)
+
     async def _in_pool(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` in the crypto processes; a crashed pool is replaced and `fn` retried once."""
         loop = asyncio.get_running_loop()
@@ -432,7 +436,7 @@ class MarmotService:
                 log.warning("marmot: a crypto worker process died; starting new ones")
                 if self._pool is pool:  # not yet replaced by another task
                     pool.shutdown(wait=False, cancel_futures=True)
-                    self._pool = crypto_pool.start_pool(self.config.crypto_processes, self._setup)
+                    self._pool = self._start_pool()
         raise AssertionError("unreachable")
 
     async def _handle(self, event: Mapping[str, Any]) -> None:
