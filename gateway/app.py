@@ -34,7 +34,7 @@ from gateway.config import (
 )
 from gateway.context import PluginContext, Runtime, Service, TokenHasher, first_worker
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.metrics import MULTIPROC_ENV, Children, Metrics
+from gateway.core.metrics import MULTIPROC_ENV, Metrics
 from gateway.core.providers import ProviderClient
 from gateway.core.push import InvalidToken, Push, Receipt
 from gateway.core.receipts import ReceiptWriter
@@ -350,7 +350,7 @@ def _multiproc() -> bool:
 
 
 def _request_middleware(metrics: Metrics) -> Any:
-    http_requests = Children(metrics.http_requests)
+    http_requests = metrics.children(metrics.http_requests)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:

@@ -139,6 +139,9 @@ AppConfig = Annotated[ApnsAppConfig | FcmAppConfig, Field(discriminator="type")]
 # --- core sections ---------------------------------------------------------------
 
 
+EventLoop = Literal["auto", "uvloop", "asyncio"]
+
+
 class ServerConfig(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(5000, ge=0, le=65535)
@@ -146,6 +149,16 @@ class ServerConfig(ConfigModel):
     metrics_port: int | None = Field(None, description="Serve /metrics on its own port")
     shutdown_timeout: float = Field(10.0, ge=0, description="Drain deadline on shutdown")
     client_max_size: int = Field(1024 * 1024, ge=1024)
+    event_loop: EventLoop = Field(
+        "auto", description="auto (uvloop where installed), uvloop, or asyncio"
+    )
+
+    @field_validator("event_loop")
+    @classmethod
+    def _uvloop_installed(cls, value: str) -> str:
+        if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("uvloop is not installed on this platform: use auto or asyncio")
+        return value
 
 
 class LoggingConfig(ConfigModel):

@@ -7,6 +7,7 @@ the sum over all of them. Migrations run once, in the parent, before workers sta
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import multiprocessing
@@ -116,12 +117,16 @@ def _run_loaded(loaded: LoadedGateway, host: str, port: int, reuse_port: bool) -
 
     from gateway import logs
     from gateway.app import create_app
+    from gateway.loops import loop_factory
 
     settings = loaded.settings
     logs.configure(settings.logging.level, settings.logging.json_format)
+    loop = loop_factory(settings.server.event_loop)()
+    asyncio.set_event_loop(loop)
     app = create_app(loaded)
     web.run_app(
         app,
+        loop=loop,
         host=host,
         port=port,
         reuse_port=reuse_port,

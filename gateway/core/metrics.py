@@ -121,6 +121,10 @@ class Metrics:
         self._tallies.append(tally)
         return tally
 
+    def children(self, metric: Any) -> Children:
+        """Cached children of a labelled `metric`, each one a tally (hot paths)."""
+        return Children(metric, wrap=self.tally)
+
     def flush(self) -> None:
         """Move every tally into its Prometheus child (event-loop thread).
 
@@ -147,16 +151,21 @@ class Children:
 
     prometheus-client validates label values on every `labels()` call (microseconds
     each); `Children(metric)(*values)` resolves each distinct combination once.
+    `Metrics.children(metric)` gives the same, with each child a tally.
     """
 
-    def __init__(self, metric: Any) -> None:
+    def __init__(self, metric: Any, wrap: Any = None) -> None:
         self._metric = metric
+        self._wrap = wrap
         self._children: dict[tuple[str, ...], Any] = {}
 
     def __call__(self, *values: str) -> Any:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = self._metric.labels(*values)
+            child = self._metric.labels(*values)
+            if self._wrap is not None:
+                child = self._wrap(child)
+            self._children[values] = child
         return child
 
 
@@ -236,28 +245,18 @@ class LaneMetrics:
     """
 
     def __init__(self, metrics: Metrics, plugin: str, provider: str, app: str) -> None:
-        self._metrics = metrics
         self.plugin, self.provider, self.app = plugin, provider, app
         self.in_flight = metrics.tally(metrics.in_flight.labels(provider, app))
         self.provider_latency = metrics.tally(metrics.provider_latency.labels(provider, app))
         self.push_latency = metrics.tally(metrics.push_latency.labels(plugin, provider))
         self.retries = metrics.retries.labels(plugin, provider, app)  # rare: no tally
-        self._attempts: dict[str, Tally] = {}
-        self._pushes: dict[tuple[str, str], Tally] = {}
+        self._attempts = metrics.children(metrics.attempts)
+        self._pushes = metrics.children(metrics.pushes)
 
     def attempt(self, outcome: str) -> Tally:
-        child = self._attempts.get(outcome)
-        if child is None:
-            child = self._attempts[outcome] = self._metrics.tally(
-                self._metrics.attempts.labels(self.provider, self.app, outcome)
-            )
-        return child
+        return self._attempts(self.provider, self.app, outcome)  # type: ignore[no-any-return]
 
     def push(self, outcome: str, reason: str) -> Tally:
-        key = (outcome, reason)
-        child = self._pushes.get(key)
-        if child is None:
-            child = self._pushes[key] = self._metrics.tally(
-                self._metrics.pushes.labels(self.plugin, self.provider, self.app, outcome, reason)
-            )
-        return child
+        return self._pushes(  # type: ignore[no-any-return]
+            self.plugin, self.provider, self.app, outcome, reason
+        )

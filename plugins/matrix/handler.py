@@ -98,7 +98,7 @@ class MatrixFrontend:
         if self.sygnal:
             code = str(response.status)
             self.metrics.status_code(code).inc()
-            self.metrics.notify_time_for(code).observe(time.perf_counter() - started)
+            self.metrics.notify_time(code).observe(time.perf_counter() - started)
         return response
 
     async def _notify(self, request: web.Request) -> web.Response:
@@ -156,7 +156,7 @@ class MatrixFrontend:
             return Result.REJECTED
         app = self.apps[route.app]
         if self.sygnal:
-            self.metrics.per_pushkin_for(app.name).inc()
+            self.metrics.per_pushkin(app.name).inc()
         try:
             planned = plan(n, device, app.config)
             if planned is None:
@@ -173,12 +173,12 @@ class MatrixFrontend:
         if app.inflight >= app.config.inflight_request_limit:
             log.warning("app %s: inflight_request_limit reached, dropping", app.name)
             if self.sygnal:
-                self.metrics.inflight_drop.labels(app.name).inc()
+                self.metrics.inflight_drop(app.name).inc()
             return Result.FAILED
         if planned.encrypted:
-            self.metrics.msc3013_encrypted.labels(app.name).inc()
+            self.metrics.msc3013_encrypted(app.name).inc()
         if planned.oversize:
-            self.metrics.msc3013_oversize.labels(app.name).inc()
+            self.metrics.msc3013_oversize(app.name).inc()
             log.warning("app %s: MSC3013 payload too large, ciphertext omitted", app.name)
         app.inflight += 1
         try:
@@ -223,6 +223,6 @@ class MatrixFrontend:
             time.perf_counter() - started
         )
         if receipt.status is not None:
-            counter = self.metrics.apns_status_for if apns else self.metrics.gcm_status_for
+            counter = self.metrics.apns_status if apns else self.metrics.gcm_status
             counter(app.name, str(receipt.status)).inc()
         return receipt

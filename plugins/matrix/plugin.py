@@ -70,7 +70,7 @@ def _cert_expiry(metrics: SygnalMetrics, config: MatrixConfig) -> None:
 @hookimpl
 def pushgw_routes(context: PluginContext, router: web.UrlDispatcher) -> None:
     config = _config(context)
-    metrics = metrics_for(context.metrics.registry, config.sygnal_metrics)
+    metrics = metrics_for(context.metrics, config.sygnal_metrics)
     if metrics.sygnal:
         _cert_expiry(metrics, config)
     MatrixFrontend(context, config, metrics).add_routes(router)
