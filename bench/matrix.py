@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from http_load import Connection, HttpError, post_request  # bench/, beside this file
+
+from gateway.loops import run
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -91,67 +94,62 @@ def _bodies(kind: str, count: int = 512) -> list[bytes]:
 async def _load(
     url: str, kind: str, mode: str, duration: float, concurrency: int, rate: float
 ) -> dict[str, Any]:
-    import aiohttp
-
-    bodies = _bodies(kind)
+    requests = [post_request(url, body) for body in _bodies(kind)]
     latencies: list[float] = []
     errors: dict[str, int] = {}
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=connector) as session:
+    idle: list[Connection] = [await Connection.open(url) for _ in range(concurrency)]
 
-        async def one(body: bytes, scheduled: float) -> None:
-            try:
-                async with session.post(url, data=body, headers=headers) as response:
-                    await response.read()
-                    status = response.status
-            except aiohttp.ClientError as exc:
-                status = type(exc).__name__  # type: ignore[assignment]
-            latencies.append(time.perf_counter() - scheduled)
-            if status != 200:
-                errors[str(status)] = errors.get(str(status), 0) + 1
+    async def one(raw: bytes, scheduled: float) -> None:
+        # Open loop: a request finding every connection busy opens one more, as a
+        # homeserver's client pool would, so the generator never queues requests.
+        conn = idle.pop() if idle else await Connection.open(url)
+        try:
+            status: int | str = await conn.request(raw)
+            idle.append(conn)
+        except (OSError, HttpError) as exc:
+            status = type(exc).__name__
+            conn.close()
+        latencies.append(time.perf_counter() - scheduled)
+        if status != 200:
+            errors[str(status)] = errors.get(str(status), 0) + 1
 
-        # warm-up: connections, OAuth token, JWT
-        await asyncio.gather(
-            *(
-                one(bodies[i % len(bodies)], time.perf_counter())
-                for i in range(min(concurrency, 64))
-            )
-        )
-        latencies.clear()
-        errors.clear()
-        started = time.perf_counter()
-        end = started + duration
-        if mode == "max":
-            counter = 0
+    # warm-up: connections, OAuth token, JWT
+    await asyncio.gather(
+        *(one(requests[i % len(requests)], time.perf_counter()) for i in range(concurrency))
+    )
+    latencies.clear()
+    errors.clear()
+    started = time.perf_counter()
+    end = started + duration
+    if mode == "max":
 
-            async def worker(offset: int) -> None:
-                nonlocal counter
-                i = offset
-                while time.perf_counter() < end:
-                    await one(bodies[i % len(bodies)], time.perf_counter())
-                    i += concurrency
-                    counter += 1
+        async def worker(offset: int) -> None:
+            i = offset
+            while time.perf_counter() < end:
+                await one(requests[i % len(requests)], time.perf_counter())
+                i += concurrency
 
-            await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        else:
-            interval = 1.0 / rate
-            tasks = set()
-            n = 0
-            while True:
-                scheduled = started + n * interval
-                if scheduled >= end:
-                    break
-                delay = scheduled - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                task = asyncio.create_task(one(bodies[n % len(bodies)], scheduled))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                n += 1
-            if tasks:
-                await asyncio.wait(tasks, timeout=30)
-        elapsed = time.perf_counter() - started
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    else:
+        interval = 1.0 / rate
+        tasks = set()
+        n = 0
+        while True:
+            scheduled = started + n * interval
+            if scheduled >= end:
+                break
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(one(requests[n % len(requests)], scheduled))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            n += 1
+        if tasks:
+            await asyncio.wait(tasks, timeout=30)
+    elapsed = time.perf_counter() - started
+    for conn in idle:
+        conn.close()
     latencies.sort()
     usage = resource.getrusage(resource.RUSAGE_SELF)
 
@@ -417,7 +415,7 @@ def main() -> int:
     parser.add_argument("--mode", default="max", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load:
-        result = asyncio.run(
+        result = run(
             _load(args.load, args.kind, args.mode, args.duration, args.concurrency, args.rate)
         )
         print(json.dumps(result))

@@ -51,7 +51,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -383,8 +383,8 @@ class _ApnsConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TLS transport is not an asyncio.Transport subclass, so no isinstance
+        self.transport = cast(asyncio.Transport, transport)
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:
             self.alpn = ssl_object.selected_alpn_protocol()

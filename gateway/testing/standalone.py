@@ -19,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from gateway.loops import run
 from gateway.testing.apns_sim import ApnsResponse, generate_apns_auth_key
 from gateway.testing.fcm_sim import FcmResponse
 from gateway.testing.relay import NostrRelayProcess, relay_available
@@ -90,7 +91,9 @@ def run_simulators(
 ) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        asyncio.run(_main(host, apns_port, fcm_port, state_dir, delay))
+        # uvloop where installed, as `pushgw serve`: the simulators share the host's
+        # cores with the gateway in local runs and benchmarks
+        run(_main(host, apns_port, fcm_port, state_dir, delay))
     except OSError as exc:
         print(f"pushgw: error: cannot start the simulators: {exc.strerror}", file=sys.stderr)
         return 2
