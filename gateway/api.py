@@ -17,6 +17,7 @@ from gateway.config import (
 )
 from gateway.context import CommandContext, PluginContext, Service
 from gateway.core.dispatcher import Dispatcher
+from gateway.core.fcm import data_size_bound as fcm_data_size_bound
 from gateway.core.metrics import Children, Metrics
 from gateway.core.push import (
     ApnsOptions,
@@ -55,5 +56,6 @@ __all__ = [
     "Receipt",
     "Service",
     "Store",
+    "fcm_data_size_bound",
     "hookimpl",
 ]

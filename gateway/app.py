@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import os
-import uuid
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -351,10 +352,14 @@ def _multiproc() -> bool:
 
 def _request_middleware(metrics: Metrics) -> Any:
     http_requests = metrics.children(metrics.http_requests)
+    # Request ids must be unique in the logs, not unpredictable: a random per-process
+    # prefix and a sequence, instead of uuid4's system call on every request.
+    prefix = secrets.token_hex(4)
+    sequence = itertools.count()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
+        rid = request.headers.get("X-Request-Id") or f"{prefix}{next(sequence) & 0xFFFF_FFFF:08x}"
         token = request_id.set(rid[:64])
         status = 500
         try:

@@ -37,6 +37,13 @@ async def test_request_id_is_echoed(tmp_path: Path) -> None:
         assert response.headers["X-Request-Id"] == "abc123"
 
 
+async def test_generated_request_ids_are_distinct(tmp_path: Path) -> None:
+    async with GatewayHarness(base_config(tmp_path, {})) as gw:
+        ids = [(await gw.client.get("/healthz")).headers["X-Request-Id"] for _ in range(5)]
+    assert len(set(ids)) == 5
+    assert all(len(rid) == 16 and int(rid, 16) >= 0 for rid in ids)
+
+
 async def test_unknown_route_is_a_404_not_a_500(tmp_path: Path) -> None:
     async with GatewayHarness(base_config(tmp_path, {})) as gw:
         response = await gw.client.post("/nope", data=b"\xff\x00")

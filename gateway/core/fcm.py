@@ -45,6 +45,16 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=
 _decode = json.JSONDecoder().decode
 
 
+def data_size_bound(chars: int, items: int) -> int:
+    """The most bytes a data map of `items` string pairs (`chars` characters in keys and
+    values together) encodes to as compact JSON.
+
+    A character encodes to at most 6 bytes (`\\u001f`), an item adds 6 bytes of quotes,
+    colon and comma, the braces 2: under the limit, encoding only to measure is wasted.
+    """
+    return 6 * (chars + items) + 2
+
+
 def _refusal(reason: str, detail: str) -> Attempt:
     return Attempt(Outcome.PERMANENT, reason=reason, detail=detail)
 
@@ -186,9 +196,7 @@ class FcmClient:
                     )
                 chars += len(key) + len(value)
             limit = push.policy.max_payload_bytes or DATA_LIMIT
-            # A character encodes to at most 6 bytes (`\u001f`), an item adds 6 bytes of
-            # quotes, colon and comma: under that bound, encoding to measure is wasted work.
-            if 6 * (chars + len(data)) + 2 <= limit:
+            if data_size_bound(chars, len(data)) <= limit:
                 return None
             size = len(_encode(data).encode())
             if size > limit:

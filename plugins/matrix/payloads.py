@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.api import fcm_data_size_bound
 from plugins.matrix.validation import Device, Notification
 
 __all__ = [
@@ -334,7 +335,8 @@ def fcm_data(
 
 def fit_fcm_data(data: dict[str, str], limit: int = FCM_DATA_LIMIT) -> dict[str, str]:
     """v1 size guard (divergence): drop optional keys until the data map fits."""
-    if len(encode(data)) <= limit:
+    chars = sum(len(key) + len(value) for key, value in data.items())
+    if fcm_data_size_bound(chars, len(data)) <= limit or len(encode(data)) <= limit:
         return data
     data = dict(data)
     contents = sorted(
