@@ -50,7 +50,9 @@ class Connection(asyncio.Protocol):
     async def open(cls, url: str) -> Connection:
         parts = urlsplit(url)
         loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(cls, parts.hostname or "localhost", parts.port or 80)
+        _, protocol = await loop.create_connection(
+            cls, parts.hostname or "localhost", parts.port or 80
+        )
         return protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
