@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import statistics
@@ -37,6 +36,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gateway.app import tune_gc
 from gateway.config import ApnsAppConfig, DeliveryConfig, FcmAppConfig
 from gateway.context import TokenHasher
 from gateway.core.apns import ApnsClient
@@ -46,6 +46,7 @@ from gateway.core.http import ssl_context
 from gateway.core.metrics import Metrics
 from gateway.core.push import InvalidToken, Push, PushPolicy
 from gateway.core.tokens import TokenInvalidation
+from gateway.loops import run
 
 CONCURRENCY = 256
 ROUNDS = 3  # closed-loop rounds per side, interleaved
@@ -281,8 +282,13 @@ def dispatcher_sender(dispatcher: Dispatcher, app: str) -> Callable[[int], Await
     return send
 
 
-async def measure(n: int) -> dict[str, Any]:
-    results: dict[str, Any] = {"cores": os.cpu_count(), "n": n, "python": sys.version.split()[0]}
+async def measure(n: int, loop: str) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "n": n,
+        "python": sys.version.split()[0],
+        "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+    }
     with Simulators() as sims:
         for provider, bare_factory, app in (
             ("apns", bare_aioapns, "ios"),
@@ -292,8 +298,7 @@ async def measure(n: int) -> dict[str, Any]:
             limits = {"max_in_flight": CONCURRENCY * 2}
             dispatcher = await dispatcher_for(sims, limits, {**limits, "max_connections": 64})
             send = dispatcher_sender(dispatcher, app)
-            gc.collect()
-            gc.freeze()  # as the gateway does after start-up: no full-heap GC pauses
+            tune_gc()  # as the gateway does after start-up
             for warm in (bare_send, send):  # connections open, caches warm
                 await closed_loop(min(2000, n), warm)
             # Interleaved rounds, best of each: drift in what else the host runs hits
@@ -369,7 +374,7 @@ async def measure(n: int) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> str:
     rows = [
         f"delivery benchmark: {results['cores']} cores, n={results['n']}, "
-        f"Python {results['python']}",
+        f"Python {results['python']}, {results['loop']} loop",
         "",
     ]
     rows.append(f"{'':24}{'APNs':>12}{'FCM':>12}")
@@ -399,8 +404,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--out", default="bench/results/delivery.json")
+    parser.add_argument(
+        "--loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="auto",
+        help="event loop, as server.event_loop (default: what `pushgw serve` runs on)",
+    )
     args = parser.parse_args()
-    results = asyncio.run(measure(args.n))
+    results = run(measure(args.n, args.loop), args.loop)
     print(table(results))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import create_app, load_gateway
+from gateway.app import YOUNG_GENERATION_THRESHOLD, create_app, load_gateway
 from gateway.context import TokenHasher
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
 from gateway.testing.harness import GatewayHarness, apns_app_config, base_config
@@ -113,3 +114,14 @@ async def test_shutdown_drains_in_flight_pushes_and_flushes_receipts(
         "latency_ms",
         "token_hash",
     }
+
+
+async def test_start_up_tunes_the_collector(tmp_path: Path) -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(700, *before[1:])
+    try:
+        async with GatewayHarness(base_config(tmp_path, {})):
+            assert gc.get_threshold() == (YOUNG_GENERATION_THRESHOLD, *before[1:])
+            assert gc.get_freeze_count() > 0  # start-up's objects left out of collections
+    finally:
+        gc.set_threshold(*before)
