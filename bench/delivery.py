@@ -36,7 +36,6 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway.app import tune_gc
 from gateway.config import ApnsAppConfig, DeliveryConfig, FcmAppConfig
 from gateway.context import TokenHasher
 from gateway.core.apns import ApnsClient
@@ -46,7 +45,7 @@ from gateway.core.http import ssl_context
 from gateway.core.metrics import Metrics
 from gateway.core.push import InvalidToken, Push, PushPolicy
 from gateway.core.tokens import TokenInvalidation
-from gateway.loops import run
+from gateway.loops import run, tune_gc
 
 CONCURRENCY = 256
 ROUNDS = 3  # closed-loop rounds per side, interleaved

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 from http_load import Connection, HttpError, post_request  # bench/, beside this file
 
-from gateway.loops import run
+from gateway.loops import run, tune_gc
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -117,6 +117,7 @@ async def _load(
     await asyncio.gather(
         *(one(requests[i % len(requests)], time.perf_counter()) for i in range(concurrency))
     )
+    tune_gc()
     latencies.clear()
     errors.clear()
     started = time.perf_counter()

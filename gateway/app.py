@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import logging
 import os
@@ -42,6 +41,7 @@ from gateway.core.receipts import ReceiptWriter
 from gateway.core.store import Store
 from gateway.core.tokens import TokenInvalidation
 from gateway.logs import request_id
+from gateway.loops import tune_gc
 from gateway.plugins import PluginRegistry
 
 log = logging.getLogger(__name__)
@@ -169,25 +169,6 @@ def create_app(gateway: LoadedGateway) -> web.Application:
 
 async def _freeze_startup_objects(app: web.Application) -> None:
     tune_gc()
-
-
-# Collect the young generation after this many net allocations (CPython: 700). A push
-# allocates a few dozen tracked objects and many are in flight at once: at 700 the
-# collector ran every few dozen pushes, ~10 % of the CPU of an FCM push.
-YOUNG_GENERATION_THRESHOLD = 10_000
-
-
-def tune_gc() -> None:
-    """Start-up's objects out of the collector's way; young collections less often.
-
-    Libraries, config and clients are ~10^5 long-lived objects; a full collection over
-    them pauses the event loop for tens of milliseconds (p99 latency). Frozen, they
-    cost nothing; they live as long as the process anyway. Run once start-up is done.
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, older, oldest)
 
 
 async def _delivery_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -1,4 +1,4 @@
-"""Which asyncio event loop a pushgw process runs on (`server.event_loop`).
+"""How a pushgw process runs: its event loop (`server.event_loop`) and collector.
 
 uvloop (libuv underneath) roughly halves the cost of socket I/O and scheduling, which
 is most of what a gateway does between providers and chat servers; it is the default
@@ -9,6 +9,7 @@ uvloop does not build on.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -36,3 +37,22 @@ def run(main: Coroutine[Any, Any, T], choice: EventLoop = "auto") -> T:
     """`asyncio.run` on the chosen loop."""
     with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
         return runner.run(main)
+
+
+# Collect the young generation after this many net allocations (CPython: 700). A push
+# allocates a few dozen tracked objects and many are in flight at once: at 700 the
+# collector ran every few dozen pushes, ~10 % of the CPU of an FCM push.
+YOUNG_GENERATION_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Start-up's objects out of the collector's way; young collections less often.
+
+    Libraries, config and clients are ~10^5 long-lived objects; a full collection over
+    them pauses the event loop for tens of milliseconds (p99 latency). Frozen, they
+    cost nothing; they live as long as the process anyway. Run once start-up is done.
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, older, oldest)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.app import YOUNG_GENERATION_THRESHOLD, create_app, load_gateway
+from gateway.app import create_app, load_gateway
 from gateway.context import TokenHasher
+from gateway.loops import YOUNG_GENERATION_THRESHOLD
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
 from gateway.testing.harness import GatewayHarness, apns_app_config, base_config
 

@@ -19,7 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
-from gateway.loops import run
+from gateway.loops import run, tune_gc
 from gateway.testing.apns_sim import ApnsResponse, generate_apns_auth_key
 from gateway.testing.fcm_sim import FcmResponse
 from gateway.testing.relay import NostrRelayProcess, relay_available
@@ -67,6 +67,7 @@ async def _main(
         await asyncio.to_thread(relay.start)
         description["relay_url"] = relay.url
         description["nostr_key_path"] = str(_nostr_key(state_dir))
+    tune_gc()  # as the gateway: they share the host's cores in benchmarks
     ready.write_text(json.dumps(description, indent=2))
     print(f"APNs simulator: {info.apns_url} (HTTP/2 + TLS, CA {info.ca_path})", flush=True)
     print(f"FCM simulator:  {info.fcm_url} (OAuth {info.token_uri})", flush=True)
