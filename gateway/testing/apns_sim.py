@@ -175,9 +175,14 @@ _CHECKED_HEADERS = frozenset(
 _JWT_CACHE_LIMIT = 10_000
 _INITIAL_WINDOW = 1 << 24  # 16 MiB per stream and for the connection
 # Inbound header validation is off: the simulator checks what APNs checks
-# itself, and h2's per-character validation costs ~15 % of a request.
+# itself, and h2's per-character validation costs ~15 % of a request. Outbound too:
+# the simulator's own answers are built from constants.
 _H2_CONFIG = H2Configuration(
-    client_side=False, header_encoding="utf-8", validate_inbound_headers=False
+    client_side=False,
+    header_encoding="utf-8",
+    validate_inbound_headers=False,
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
 )
 
 _huffman_cache: dict[bytes, bytes] = {}
