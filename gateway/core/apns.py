@@ -255,6 +255,8 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         # aioapns assumes 1000 streams until the server's SETTINGS arrive; APNs allows one
         # on a fresh token-auth connection, and opening more is a protocol error.
         self.free_channels = _StreamSlots(1)
+        self._flush_scheduled = False
+        self._last_write = 0.0
         # Huffman coding saves a third of the header bytes and costs ~100 µs of CPU per
         # request in pure-Python hpack: on a provider link, CPU is the scarcer resource.
         self.conn.encoder.encode = partial(self.conn.encoder.encode, huffman=False)  # type: ignore[method-assign]
@@ -263,6 +265,41 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         # the CPU of a push. Inbound validation stays on: the answers are the provider's.
         self.conn.config.validate_outbound_headers = False
         self.conn.config.normalize_outbound_headers = False
+
+    # Writes are coalesced: `flush()` (called by aioapns and below after every frame
+    # h2 queues) schedules one write per loop iteration, so the requests and acks of
+    # one iteration share a TLS record and a system call. The idle timer is re-armed
+    # lazily: aioapns cancelled and re-created it on every write.
+
+    def flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._write_pending)
+
+    def _write_pending(self) -> None:
+        self._flush_scheduled = False
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        data = self.conn.data_to_send()
+        if data:
+            self._last_write = self.loop.time()
+            transport.write(data)
+
+    def refresh_inactivity_timer(self) -> None:
+        self._last_write = self.loop.time()
+        if self.inactivity_timer is None:
+            self.inactivity_timer = self.loop.call_later(self.INACTIVITY_TIME, self._idle_check)
+
+    def _idle_check(self) -> None:
+        idle = self.loop.time() - self._last_write
+        if idle >= self.INACTIVITY_TIME:
+            self.inactivity_timer = None
+            self.close()
+        else:
+            self.inactivity_timer = self.loop.call_later(
+                self.INACTIVITY_TIME - idle, self._idle_check
+            )
 
     def on_remote_settings_changed(self, changed_settings: Any) -> None:
         limit = self.conn.remote_settings.max_concurrent_streams

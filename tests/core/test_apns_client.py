@@ -561,3 +561,49 @@ async def test_concurrency_grows_after_settings(
     assert {r.outcome for r in results} == {Outcome.OK}
     assert time.monotonic() - started < 1.0  # one at a time would take 4 s
     assert sim.connections_opened == 1
+
+
+async def test_requests_of_one_loop_iteration_share_a_write(
+    make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client(max_connections=1)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert client._pool is not None
+    (protocol,) = client._pool.connections
+    assert protocol.transport is not None
+    writes = []
+    real_write = protocol.transport.write
+
+    def counting(data: bytes) -> None:
+        writes.append(len(data))
+        real_write(data)
+
+    protocol.transport.write = counting  # type: ignore[method-assign]
+    attempts = await asyncio.gather(*(client.send(push_for(token())) for _ in range(20)))
+    assert all(a.outcome is Outcome.OK for a in attempts)
+    # 20 requests in one iteration: one write for all, then one per batch of acks
+    assert 1 <= len(writes) < 10
+
+
+async def test_idle_connection_closes_after_the_inactivity_time(
+    make_client: MakeClient, secrets_seen: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_ApnsProtocol, "INACTIVITY_TIME", 0.3)
+    client = await make_client(max_connections=1)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert client._pool is not None
+    (protocol,) = client._pool.connections
+    lost = asyncio.get_running_loop().create_future()
+    real_lost = protocol.connection_lost
+
+    def on_lost(exc: Exception | None) -> None:
+        real_lost(exc)
+        lost.set_result(time.monotonic())
+
+    protocol.connection_lost = on_lost  # type: ignore[method-assign]
+    # activity re-arms the idle clock: a push now keeps the connection for 0.3 s more
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    last_activity = time.monotonic()
+    closed_at = await asyncio.wait_for(lost, 5)
+    assert closed_at - last_activity >= 0.3 - 0.05
+    assert protocol not in client._pool.connections
