@@ -48,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gateway.loops import run  # noqa: E402
 from gateway.testing.harness import GatewayHarness, base_config  # noqa: E402
 from plugins.marmot.keys import ServerKey  # noqa: E402
 from plugins.marmot.nostr import GiftUnwrapper  # noqa: E402
@@ -401,7 +402,7 @@ def main() -> int:
         "--concurrency", type=int, default=0, help="plugin concurrency (0: its default)"
     )
     args = parser.parse_args()
-    result = asyncio.run(main_async(args))
+    result = run(main_async(args))  # the loop `pushgw serve` runs on
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)

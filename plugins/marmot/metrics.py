@@ -7,45 +7,61 @@ token). They never carry keys, event ids, hashes or tokens.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
+
+from gateway.api import Metrics
 
 __all__ = ["MarmotMetrics"]
 
 
 class MarmotMetrics:
-    """The plugin's metric families."""
+    """The plugin's metric families.
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.events = Counter(
-            "pushgw_marmot_events",
-            "Relay events by pipeline stage and result (drops are counted where they happen)",
-            ["stage", "result"],
-            registry=r,
+    Counters changed per event or per chunk (a trigger touches ~35) are tallied children
+    (`Metrics.children`): `events(stage, result).inc()`. Gauges are set directly.
+    """
+
+    def __init__(self, metrics: Metrics) -> None:
+        r = metrics.registry
+        self.events = metrics.children(
+            Counter(
+                "pushgw_marmot_events",
+                "Relay events by pipeline stage and result (drops are counted where they happen)",
+                ["stage", "result"],
+                registry=r,
+            )
         )
-        self.chunks = Counter(
-            "pushgw_marmot_chunks",
-            "Encrypted token chunks by profile and result",
-            ["profile", "result"],
-            registry=r,
+        self.chunks = metrics.children(
+            Counter(
+                "pushgw_marmot_chunks",
+                "Encrypted token chunks by profile and result",
+                ["profile", "result"],
+                registry=r,
+            )
         )
-        self.pushes = Counter(
-            "pushgw_marmot_pushes",
-            "Wake-up pushes by platform and final outcome",
-            ["platform", "result"],
-            registry=r,
+        self.pushes = metrics.children(
+            Counter(
+                "pushgw_marmot_pushes",
+                "Wake-up pushes by platform and final outcome",
+                ["platform", "result"],
+                registry=r,
+            )
         )
-        self.dead_tokens = Counter(
-            "pushgw_marmot_dead_tokens",
-            "Pushes the provider answered with a dead token (counted only, nothing stored)",
-            ["platform"],
-            registry=r,
+        self.dead_tokens = metrics.children(
+            Counter(
+                "pushgw_marmot_dead_tokens",
+                "Pushes the provider answered with a dead token (counted only, nothing stored)",
+                ["platform"],
+                registry=r,
+            )
         )
-        self.config_errors = Counter(
-            "pushgw_marmot_config_errors",
-            "Provider answers that point to an operator configuration error",
-            ["reason"],
-            registry=r,
+        self.config_errors = metrics.children(
+            Counter(
+                "pushgw_marmot_config_errors",
+                "Provider answers that point to an operator configuration error",
+                ["reason"],
+                registry=r,
+            )
         )
         self.relays_connected = Gauge(
             "pushgw_marmot_relays_connected",
@@ -73,11 +89,13 @@ class MarmotMetrics:
         self.queued = Gauge(
             "pushgw_marmot_queued", "Events waiting for a processing slot", registry=r
         )
-        self.chunks_per_trigger = Histogram(
-            "pushgw_marmot_chunks_per_trigger",
-            "Chunks in each accepted trigger",
-            buckets=(1, 2, 4, 8, 16, 25, 32, 64, 100),
-            registry=r,
+        self.chunks_per_trigger = metrics.tally(
+            Histogram(
+                "pushgw_marmot_chunks_per_trigger",
+                "Chunks in each accepted trigger",
+                buckets=(1, 2, 4, 8, 16, 25, 32, 64, 100),
+                registry=r,
+            )
         )
         self.inbox_published = Counter(
             "pushgw_marmot_inbox_list_published",

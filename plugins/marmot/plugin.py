@@ -48,7 +48,7 @@ def pushgw_services(context: PluginContext) -> list[MarmotService]:
     config: MarmotConfig = context.config
     metrics = context.state.get("metrics")
     if metrics is None:
-        metrics = context.state["metrics"] = MarmotMetrics(context.metrics.registry)
+        metrics = context.state["metrics"] = MarmotMetrics(context.metrics)
     service = MarmotService(
         config,
         metrics,

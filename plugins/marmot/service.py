@@ -163,9 +163,6 @@ class MarmotService:
         self.pushes_submitted = 0
         self.pushes_finished = 0
         # label children resolved once (prometheus_client's labels() costs ~10 us a call)
-        self._event_counters: dict[tuple[str, str], Any] = {}
-        self._chunk_counters: dict[tuple[str, str], Any] = {}
-        self._push_counters: dict[tuple[str, str], Any] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -280,20 +277,10 @@ class MarmotService:
     # -- relay sink (event loop) ---------------------------------------------------------------
 
     def _count(self, stage: str, result: str) -> None:
-        counter = self._event_counters.get((stage, result))
-        if counter is None:
-            counter = self._event_counters[(stage, result)] = self.metrics.events.labels(
-                stage, result
-            )
-        counter.inc()
+        self.metrics.events(stage, result).inc()
 
     def _count_chunk(self, profile: str, result: str) -> None:
-        counter = self._chunk_counters.get((profile, result))
-        if counter is None:
-            counter = self._chunk_counters[(profile, result)] = self.metrics.chunks.labels(
-                profile, result
-            )
-        counter.inc()
+        self.metrics.chunks(profile, result).inc()
 
     def on_oversize(self, relay: RelayClient) -> None:
         self._count("frame", "oversize")
@@ -516,7 +503,7 @@ class MarmotService:
             app = self.config.fcm.app
             payload = _FCM_DATA
         if app is None:
-            self.metrics.pushes.labels(platform, "no_app").inc()
+            self.metrics.pushes(platform, "no_app").inc()
             return
         push = Push(
             plugin=self.plugin_name,
@@ -533,16 +520,12 @@ class MarmotService:
     def _on_receipt(self, platform: str, task: asyncio.Future[Receipt]) -> None:
         self.pushes_finished += 1
         if task.cancelled() or task.exception() is not None:
-            self.metrics.pushes.labels(platform, "error").inc()
+            self.metrics.pushes(platform, "error").inc()
             return
         receipt = task.result()
-        key = (platform, receipt.outcome.value)
-        counter = self._push_counters.get(key)
-        if counter is None:
-            counter = self._push_counters[key] = self.metrics.pushes.labels(*key)
-        counter.inc()
+        self.metrics.pushes(platform, receipt.outcome.value).inc()
         reason = receipt.reason or ""
         if reason in _CONFIG_REASONS or receipt.status == 403:
-            self.metrics.config_errors.labels(reason or str(receipt.status)).inc()
+            self.metrics.config_errors(reason or str(receipt.status)).inc()
         elif receipt.outcome is Outcome.TOKEN_INVALID or reason in _DEAD_REASONS:
-            self.metrics.dead_tokens.labels(platform).inc()
+            self.metrics.dead_tokens(platform).inc()

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from gateway.api import Outcome, Push, Receipt
+from gateway.api import Metrics, Outcome, Push, Receipt
 from plugins.marmot import nip44
 from plugins.marmot.config import MarmotConfig
 from plugins.marmot.keys import ServerKey
@@ -61,7 +60,8 @@ class Harness:
     def __init__(self, key: ServerKey, clock: Clock, **overrides: Any) -> None:
         self.key = key
         self.clock = clock
-        self.registry = CollectorRegistry()
+        self.gateway_metrics = Metrics()
+        self.registry = self.gateway_metrics.registry
         self.pushes: list[Push] = []
         self.outcome: Callable[[Push], tuple[Outcome, str | None, int | None]] = lambda p: (
             Outcome.OK,
@@ -81,7 +81,7 @@ class Harness:
         }
         section.update(overrides)
         self.config = MarmotConfig.model_validate(section)
-        self.metrics = MarmotMetrics(self.registry)
+        self.metrics = MarmotMetrics(self.gateway_metrics)
         self.service = MarmotService(
             self.config,
             self.metrics,
