@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 __all__ = ["DualRateLimiter", "KeyedLimiter", "LruSet", "TtlLru"]
 
@@ -124,14 +124,21 @@ class KeyedLimiter:
         return len(self._states)
 
     def allow(self, key: Hashable = None) -> bool:
+        return self.allow_each((key,))[0]
+
+    def allow_each(self, keys: Iterable[Hashable]) -> list[bool]:
+        """`allow(key)` for each key in turn, at one instant (the chunks of one trigger)."""
         now = self.limiter.clock()
         states = self._states
-        state = states.get(key)
-        if state is None:
-            state = [0.0, 0.0]
-            states[key] = state
-            if len(states) > self.capacity:
-                states.popitem(last=False)
-        else:
-            states.move_to_end(key)
-        return self.limiter.admit(state, now)
+        get, admit, capacity = states.get, self.limiter.admit, self.capacity
+        out = []
+        for key in keys:
+            state = get(key)
+            if state is None:
+                state = states[key] = [0.0, 0.0]
+                if len(states) > capacity:
+                    states.popitem(last=False)
+            else:
+                states.move_to_end(key)
+            out.append(admit(state, now))
+        return out

@@ -279,9 +279,6 @@ class MarmotService:
     def _count(self, stage: str, result: str) -> None:
         self.metrics.events(stage, result).inc()
 
-    def _count_chunk(self, profile: str, result: str) -> None:
-        self.metrics.chunks(profile, result).inc()
-
     def on_oversize(self, relay: RelayClient) -> None:
         self._count("frame", "oversize")
 
@@ -447,30 +444,34 @@ class MarmotService:
         profile = trigger.profile.value
         self.metrics.chunks_per_trigger.observe(len(trigger.chunks))
         # 11. per chunk: encrypted-token limiter before any ECDH
-        allowed: list[bytes] = []
-        for chunk in trigger.chunks:
-            if self.encrypted_limiter.allow(hashlib.sha256(chunk).digest()):
-                allowed.append(chunk)
-            else:
-                self._count_chunk(profile, "rate_limited")
+        chunks = trigger.chunks
+        sha256 = hashlib.sha256
+        admitted = self.encrypted_limiter.allow_each([sha256(c).digest() for c in chunks])
+        allowed = [chunk for chunk, ok in zip(chunks, admitted, strict=True) if ok]
+        if len(allowed) < len(chunks):
+            self.metrics.chunks(profile, "rate_limited").inc(len(chunks) - len(allowed))
         if not allowed:
             return
         results = await self._decrypt(allowed, trigger.token_format)
         pushed: set[tuple[Platform, bytes]] = set()
+        counts: dict[str, int] = {}  # chunk results, counted once per trigger
         for result in results:
             if not isinstance(result, DeviceToken):
-                self._count_chunk(profile, result.value)
+                counts[result.value] = counts.get(result.value, 0) + 1
                 continue
             ident = (result.platform, result.raw)
+            outcome = ChunkResult.OK.value
             if ident in pushed:  # one push per (platform, token) and trigger
-                self._count_chunk(profile, ChunkResult.OK.value)
-                continue
-            pushed.add(ident)
-            if not self.device_limiter.allow(result.limiter_key()):
-                self._count_chunk(profile, "rate_limited")
-                continue
-            self._count_chunk(profile, ChunkResult.OK.value)
-            self._dispatch(result)
+                pass
+            elif self.device_limiter.allow(result.limiter_key()):
+                pushed.add(ident)
+                self._dispatch(result)
+            else:
+                pushed.add(ident)
+                outcome = "rate_limited"
+            counts[outcome] = counts.get(outcome, 0) + 1
+        for outcome, count in counts.items():
+            self.metrics.chunks(profile, outcome).inc(count)
         pushed.clear()  # drop the decrypted tokens now that they are handed over
 
     # -- dispatch -------------------------------------------------------------------------------

@@ -164,6 +164,16 @@ def test_dual_rate_limiter_minute_and_hour() -> None:
         DualRateLimiter(0, 1)
 
 
+def test_allow_each_is_allow_in_turn() -> None:
+    keys = ["a", "b", "a", "a", "c", "a", "b"]
+    one_by_one = KeyedLimiter(2, 5, 2, clock=lambda: 0.0)
+    batched = KeyedLimiter(2, 5, 2, clock=lambda: 0.0)
+    expected = [one_by_one.allow(k) for k in keys]
+    assert batched.allow_each(keys) == expected
+    assert expected.count(False) > 0  # the batch did hit the limit
+    assert len(batched) == len(one_by_one) == 2  # and kept the LRU bound
+
+
 def test_limiter_keys_are_bounded() -> None:
     lim = KeyedLimiter(1, 1, 3)
     for k in range(10):
