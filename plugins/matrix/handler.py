@@ -34,6 +34,7 @@ NOTIFY_PATH = "/_matrix/push/v1/notify"
 # Answers that reject the pushkey although the core classifies them `permanent`.
 _REJECTING_REASONS = frozenset({"TopicDisallowed", Reason.PAYLOAD_TOO_LARGE})
 _MIN_DEADLINE = 0.05
+_NONE_REJECTED = json.dumps({"rejected": []}).encode()  # the common answer, encoded once
 
 
 class Result(enum.Enum):
@@ -129,7 +130,7 @@ class MatrixFrontend:
                 rejected.append(device.pushkey)
         return web.Response(
             status=200,
-            body=json.dumps({"rejected": rejected}).encode(),
+            body=json.dumps({"rejected": rejected}).encode() if rejected else _NONE_REJECTED,
             content_type="application/json",
         )
 

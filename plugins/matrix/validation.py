@@ -129,10 +129,14 @@ def _scrub_surrogates(value: Any) -> Any:
     return value
 
 
+# One decoder: `json.loads` with any keyword argument builds a new one per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def decode_json(body: bytes) -> Any:
     """Strict UTF-8 JSON without NaN/Infinity; lone surrogates made harmless."""
     try:
-        value = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        value = _DECODER.decode(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise NotifyError(MSG_BAD_JSON) from None
     if _SURROGATE_ESCAPE.search(body):
