@@ -168,6 +168,7 @@ def create_app(gateway: LoadedGateway) -> web.Application:
 
 
 async def _freeze_startup_objects(app: web.Application) -> None:
+    """Runs after the contexts above: what they built is start-up's, frozen by `tune_gc`."""
     tune_gc()
 
 

@@ -1,9 +1,9 @@
 """How a pushgw process runs: its event loop (`server.event_loop`) and collector.
 
-uvloop (libuv underneath) roughly halves the cost of socket I/O and scheduling, which
-is most of what a gateway does between providers and chat servers; it is the default
-where it is installed. `asyncio` keeps the standard loop, for debugging or platforms
-uvloop does not build on.
+uvloop (libuv underneath) does the socket I/O and scheduling that sit between chat
+servers and providers in C: a Matrix notify request took ~8 % less gateway CPU on it.
+It is the default where it is installed. `asyncio` keeps the standard loop, for
+debugging or platforms uvloop does not build on.
 """
 
 from __future__ import annotations

@@ -162,7 +162,6 @@ class MarmotService:
         self.triggers_accepted = 0
         self.pushes_submitted = 0
         self.pushes_finished = 0
-        # label children resolved once (prometheus_client's labels() costs ~10 us a call)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -461,14 +460,12 @@ class MarmotService:
                 continue
             ident = (result.platform, result.raw)
             outcome = ChunkResult.OK.value
-            if ident in pushed:  # one push per (platform, token) and trigger
-                pass
-            elif self.device_limiter.allow(result.limiter_key()):
+            if ident not in pushed:  # one push per (platform, token) and trigger
                 pushed.add(ident)
-                self._dispatch(result)
-            else:
-                pushed.add(ident)
-                outcome = "rate_limited"
+                if self.device_limiter.allow(result.limiter_key()):
+                    self._dispatch(result)
+                else:
+                    outcome = "rate_limited"
             counts[outcome] = counts.get(outcome, 0) + 1
         for outcome, count in counts.items():
             self.metrics.chunks(profile, outcome).inc(count)
