@@ -123,6 +123,7 @@ def _run_loaded(loaded: LoadedGateway, host: str, port: int, reuse_port: bool) -
     logs.configure(settings.logging.level, settings.logging.json_format)
     loop = loop_factory(settings.server.event_loop)()
     asyncio.set_event_loop(loop)
+    where = f"pushgw {os.getpid()} ({type(loop).__module__.split('.')[0]} loop)"
     app = create_app(loaded)
     web.run_app(
         app,
@@ -132,7 +133,7 @@ def _run_loaded(loaded: LoadedGateway, host: str, port: int, reuse_port: bool) -
         reuse_port=reuse_port,
         shutdown_timeout=settings.server.shutdown_timeout,
         access_log=logging.getLogger("aiohttp.access") if settings.logging.access_log else None,
-        print=lambda msg: print(f"pushgw {os.getpid()}: {msg}", file=sys.stderr, flush=True),
+        print=lambda msg: print(f"{where}: {msg}", file=sys.stderr, flush=True),
     )
 
 

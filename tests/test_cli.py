@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -196,5 +197,33 @@ def test_serve_answers_health_and_metrics(tmp_path: Path, workers: int) -> None:
         assert counted >= 10
     finally:
         proc.terminate()
-        proc.wait(30)
+        _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0
+    # server.event_loop: auto runs every worker on uvloop where it is installed
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    started = [line for line in stderr.splitlines() if "======== Running on" in line]
+    assert started and all(f"({loop} loop)" in line for line in started), stderr
+
+
+def test_serve_runs_on_the_configured_loop(tmp_path: Path) -> None:
+    port = free_port()
+    path = write_config(
+        tmp_path,
+        {
+            "server": {"port": port, "event_loop": "asyncio"},
+            "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"},
+        },
+    )
+    proc = subprocess.Popen(
+        [*PUSHGW, "serve", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert "(asyncio loop): ======== Running on" in stderr, stderr
