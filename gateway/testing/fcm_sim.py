@@ -43,6 +43,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from gateway.core.fcm import data_size_bound
 from gateway.testing.certs import FCM_HOSTNAMES, SimulatorCA
 from gateway.testing.simulator import SimulatorBase
 
@@ -653,8 +654,10 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
                 ):
                     return FcmResponse.invalid_argument(f"Invalid data payload key: {key}")
             limit = _TOKEN_DATA_LIMIT if "token" in message else _TOPIC_DATA_LIMIT
-            size = len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode())
-            if size > limit:
+            chars = sum(len(key) + len(value) for key, value in data.items())
+            if data_size_bound(chars, len(data)) > limit and (  # cheap bound first
+                len(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()) > limit
+            ):
                 return FcmResponse.invalid_argument("Android message is too big")
         android = message.get("android")
         if android is not None:

@@ -356,7 +356,7 @@ def fcm_message(
     data: Mapping[str, Any], *, fcm_options: Mapping[str, Any], low_priority: bool
 ) -> dict[str, Any]:
     """The v1 `message` object without `token`: fcm_options, data, android.priority."""
-    message = copy.deepcopy(dict(fcm_options))
+    message = copy.deepcopy(dict(fcm_options)) if fcm_options else {}
     message["data"] = dict(data)
     android = message.get("android")
     android = dict(android) if isinstance(android, dict) else {}
