@@ -34,6 +34,7 @@ NOTIFY_PATH = "/_matrix/push/v1/notify"
 # Answers that reject the pushkey although the core classifies them `permanent`.
 _REJECTING_REASONS = frozenset({"TopicDisallowed", Reason.PAYLOAD_TOO_LARGE})
 _MIN_DEADLINE = 0.05
+_NO_APNS_OPTIONS = ApnsOptions()  # FCM pushes: the core ignores APNs options
 _NONE_REJECTED = json.dumps({"rejected": []}).encode()  # the common answer, encoded once
 
 
@@ -136,8 +137,10 @@ class MatrixFrontend:
 
     async def _read_body(self, request: web.Request) -> bytes | None:
         limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            return None
+        if request.content_length is not None:
+            if request.content_length > limit:
+                return None
+            return await request.content.read()  # the body ends at its Content-Length
         chunks = []
         size = 0
         async for chunk in request.content.iter_chunked(64 * 1024):
@@ -207,7 +210,11 @@ class MatrixFrontend:
             app_id=app.name,
             token=token,
             payload=planned.payload,
-            apns=ApnsOptions(push_type=planned.push_type, priority=planned.priority),
+            apns=(
+                ApnsOptions(push_type=planned.push_type, priority=planned.priority)
+                if app.config.is_apns
+                else _NO_APNS_OPTIONS
+            ),
             policy=PushPolicy(deadline=remaining),
         )
         if not self.sygnal:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -80,6 +81,17 @@ async def test_validation_errors(post: Post, body: bytes, message: str) -> None:
 async def test_body_too_large(gw: GatewayHarness) -> None:
     response = await gw.client.post(NOTIFY, data=b" " * (600 * 1024))
     assert response.status == 413
+
+
+async def test_chunked_bodies_are_read_and_limited(gw: GatewayHarness) -> None:
+    async def chunked(body: bytes, times: int = 1) -> AsyncIterator[bytes]:
+        for _ in range(times):
+            yield body
+
+    small = await gw.client.post(NOTIFY, data=chunked(b'{"notification": {"devices": []}}'))
+    assert (small.status, await small.text()) == (400, "No devices in notification")
+    large = await gw.client.post(NOTIFY, data=chunked(b" " * 65536, times=10))
+    assert large.status == 413
 
 
 async def test_health_and_methods(gw: GatewayHarness) -> None:
