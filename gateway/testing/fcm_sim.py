@@ -334,15 +334,16 @@ def _b64url(part: str) -> bytes:
     return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
 
 
+_JSON_TYPE = {"Content-Type": "application/json; charset=UTF-8"}  # as Google answers
+
+
 def _json_response(
     body: Mapping[str, Any], status: int = 200, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     return web.Response(
         body=json.dumps(body).encode(),
         status=status,
-        content_type="application/json",
-        charset="UTF-8",
-        headers=headers,
+        headers={**_JSON_TYPE, **headers} if headers else _JSON_TYPE,
     )
 
 
