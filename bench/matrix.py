@@ -34,9 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
-from http_load import Connection, HttpError, post_request  # bench/, beside this file
+from http_load import ClosedLoop, Connection, HttpError, post_request  # bench/, beside this file
 
 from gateway.loops import run, tune_gc
 
@@ -123,14 +124,23 @@ async def _load(
     started = time.perf_counter()
     end = started + duration
     if mode == "max":
-
-        async def worker(offset: int) -> None:
-            i = offset
-            while time.perf_counter() < end:
-                await one(requests[i % len(requests)], time.perf_counter())
-                i += concurrency
-
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        for conn in idle:  # the closed loop runs on connections of its own
+            conn.close()
+        idle.clear()
+        loop = asyncio.get_running_loop()
+        host, port = _host_port(url)
+        finished = []
+        for offset in range(concurrency):
+            done: asyncio.Future[None] = loop.create_future()
+            await loop.create_connection(
+                lambda o=offset, d=done: ClosedLoop(  # type: ignore[misc]
+                    requests, o, concurrency, end, latencies, errors, d
+                ),
+                host,
+                port,
+            )
+            finished.append(done)
+        await asyncio.gather(*finished)
     else:
         interval = 1.0 / rate
         tasks = set()
@@ -168,6 +178,11 @@ async def _load(
         "errors": errors,
         "load_cpu_s": usage.ru_utime + usage.ru_stime,
     }
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "localhost", parts.port or 80
 
 
 # --- orchestration ------------------------------------------------------------------

@@ -33,6 +33,8 @@ _STOP: dict[str, Any] = {}  # sentinel queued by close()
 _OPEN_NAME = re.compile(r"receipts-\d{8}T\d{6}Z-(\d{1,9})-\d+\.jsonl\.open")
 # No writer of this process can have written a file before this module was imported.
 _PROCESS_STARTED = time.time()
+# One encoder: `json.dumps` with any keyword argument builds a new one per record.
+_encode_record = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def receipt_record(receipt: Receipt) -> dict[str, Any]:
@@ -247,7 +249,8 @@ class ReceiptWriter:
                 await loop.run_in_executor(self._executor, self._write, batch)
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
-        lines = [json.dumps(r, separators=(",", ":")) + "\n" for r in batch]
+        encode = _encode_record
+        lines = [encode(r) + "\n" for r in batch]
         self._file.write(lines)
         if self._on_written:
             self._on_written(len(lines))
