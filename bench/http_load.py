@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 _HEADER_END = b"\r\n\r\n"
@@ -36,6 +38,19 @@ def post_request(url: str, body: bytes, content_type: str = "application/json") 
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
+
+
+P = TypeVar("P", bound=asyncio.Protocol)
+
+
+async def connect(url: str, factory: Callable[[], P]) -> P:
+    """A connection to `url`'s host and port, run by the protocol `factory` makes."""
+    parts = urlsplit(url)
+    loop = asyncio.get_running_loop()
+    _, protocol = await loop.create_connection(
+        factory, parts.hostname or "localhost", parts.port or 80
+    )
+    return protocol
 
 
 class _Responses:
@@ -74,12 +89,7 @@ class Connection(asyncio.Protocol):
 
     @classmethod
     async def open(cls, url: str) -> Connection:
-        parts = urlsplit(url)
-        loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(
-            cls, parts.hostname or "localhost", parts.port or 80
-        )
-        return protocol
+        return await connect(url, cls)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import os
 import random
@@ -34,10 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
-from http_load import ClosedLoop, Connection, HttpError, post_request  # bench/, beside this file
+from http_load import (  # bench/, beside this file
+    ClosedLoop,
+    Connection,
+    HttpError,
+    connect,
+    post_request,
+)
 
 from gateway.loops import run, tune_gc
 
@@ -128,17 +134,13 @@ async def _load(
             conn.close()
         idle.clear()
         loop = asyncio.get_running_loop()
-        host, port = _host_port(url)
         finished = []
         for offset in range(concurrency):
             done: asyncio.Future[None] = loop.create_future()
-            await loop.create_connection(
-                lambda o=offset, d=done: ClosedLoop(  # type: ignore[misc]
-                    requests, o, concurrency, end, latencies, errors, d
-                ),
-                host,
-                port,
+            loop_of = functools.partial(
+                ClosedLoop, requests, offset, concurrency, end, latencies, errors, done
             )
+            await connect(url, loop_of)
             finished.append(done)
         await asyncio.gather(*finished)
     else:
@@ -178,11 +180,6 @@ async def _load(
         "errors": errors,
         "load_cpu_s": usage.ru_utime + usage.ru_stime,
     }
-
-
-def _host_port(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    return parts.hostname or "localhost", parts.port or 80
 
 
 # --- orchestration ------------------------------------------------------------------
