@@ -256,10 +256,10 @@ def _run(
         report_bad_input(result.input)
         _progress("aggregated the receipts", started)
         tables = tables_from_fine(fine)
+        rows = tables.pop("_rows")  # the checkpoint: already stored, not cached again
     else:
         tables = build_tables(source.df, options)
-    rows = tables.pop("_rows")
-    rows.persist(StorageLevel.MEMORY_AND_DISK)
+        rows = tables.pop("_rows").persist(StorageLevel.MEMORY_AND_DISK)
     ensure_dir(spark, out_dir)
     try:
         for name in ("hourly", "summary", "reasons"):

@@ -5,7 +5,8 @@ providers, outcomes, reasons, retries, latencies and times). Tests write them wi
 gateway's own `ReceiptWriter` (`write_with_receipt_writer`); the benchmark writes
 millions with `write_jsonl_fast`, which serialises each receipt with the writer's own
 `receipt_record()` and the writer's JSON settings, from a process pool, into files
-named and rolled like the writer's.
+named and rolled like the writer's. Each worker stands for one gateway node: its
+receipts are in time order, so, as with a real writer, a file covers a stretch of time.
 """
 
 from __future__ import annotations
@@ -81,12 +82,19 @@ def receipts(
     start: float = 1_735_689_600.0,  # 2025-01-01T00:00:00Z
     hours: int = 48,
     tokens: int = 2_000,
+    in_time_order: bool = False,
 ) -> Iterator[Receipt]:
-    """`n` receipts spread uniformly over `hours` hours from `start`, reproducibly."""
+    """`n` receipts spread uniformly over `hours` hours from `start`, reproducibly.
+
+    With `in_time_order` their finish times increase, as in the files of one gateway
+    node (its writer appends each receipt when the push finishes); otherwise every
+    receipt may fall anywhere in the window.
+    """
     rng = random.Random(seed)
+    span = hours * 3600
     plugins = list(APPS)
     weights = [o[1] for o in _OUTCOMES]
-    for _ in range(n):
+    for i in range(n):
         plugin = rng.choice(plugins)
         app_id, provider = rng.choice(APPS[plugin])
         outcome, _, http, reasons = rng.choices(_OUTCOMES, weights)[0]
@@ -120,7 +128,9 @@ def receipts(
             reason=reason,
             attempts=attempts,
             latency=latency,
-            finished_at=start + rng.random() * hours * 3600,
+            finished_at=start + (i + rng.random()) * span / n
+            if in_time_order
+            else start + rng.random() * span,
             token_hash=None if plugin in NO_HASH else token_hash(token),
         )
 
@@ -152,7 +162,10 @@ def _fast_chunk(args: tuple[int, int, int, str, int, float, int]) -> int:
     seq = 0
     out = None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    for receipt in receipts(n, seed=seed, start=start, hours=hours, tokens=200_000):
+    receipts_of_node = receipts(
+        n, seed=seed, start=start, hours=hours, tokens=200_000, in_time_order=True
+    )
+    for receipt in receipts_of_node:
         if out is None or lines % per_file == 0:
             if out is not None:
                 out.close()
