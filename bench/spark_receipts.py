@@ -116,7 +116,7 @@ def measure(
         def scan() -> int:
             return reader.option("pathGlobFilter", glob).parquet(str(path)).count()
 
-        records = scan
+        records = None  # the same count as the scan
 
     def report() -> Any:
         shutil.rmtree(out, ignore_errors=True)
@@ -124,10 +124,11 @@ def measure(
 
     scan()  # warm the page cache
     _, scan_s, rows = best_of(runs, scan)
-    _, records_s, counted = best_of(runs, records)
+    _, records_s, counted = best_of(runs, records) if records else (None, scan_s, rows)
     _, parse_s, parsed = best_of(runs, lambda: read_receipts(spark, str(path)).df.count())
     report_first_s, report_s, result = best_of(runs, report)
-    assert rows == counted == parsed == result.metrics["receipts"], (rows, parsed, result.metrics)
+    counts = (rows, counted, parsed, result.metrics["receipts"])
+    assert len(set(counts)) == 1, counts
     return {
         "format": fmt,
         "receipts": rows,

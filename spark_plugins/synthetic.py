@@ -118,8 +118,10 @@ def receipts(
                 0,
             )
         token = f"{plugin}-token-{rng.randrange(tokens)}"
+        push_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        offset = (i + rng.random()) * span / n if in_time_order else rng.random() * span
         yield Receipt(
-            push_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+            push_id=push_id,
             plugin=plugin,
             app_id=app_id,
             provider=provider,
@@ -128,9 +130,7 @@ def receipts(
             reason=reason,
             attempts=attempts,
             latency=latency,
-            finished_at=start + (i + rng.random()) * span / n
-            if in_time_order
-            else start + rng.random() * span,
+            finished_at=start + offset,
             token_hash=None if plugin in NO_HASH else token_hash(token),
         )
 
