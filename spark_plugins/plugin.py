@@ -3,7 +3,8 @@
 - `pushgw_spark_jobs()` returns the built-in jobs (`delivery-report`, `dead-tokens`,
   `volume-anomalies`); any plugin may return more from the same hook.
 - `pushgw_commands()` adds `pushgw spark list` and
-  `pushgw spark run JOB --receipts DIR --out DIR [--master URL] [--option k=v ...]`.
+  `pushgw spark run JOB [JOB ...] --receipts DIR --out DIR [--master URL] [--option k=v ...]`
+  (several jobs run one after another in one Spark session).
 
 Importing this module never imports pyspark; `pushgw spark run` without pyspark or Java
 17 says what to install and exits with status 2.
@@ -41,10 +42,11 @@ def pushgw_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ig
     listing.set_defaults(handler=list_command)
     run = commands.add_parser(
         "run",
-        help="run one Spark job",
-        description="Run a Spark job: embedded local Spark unless --master names a cluster.",
+        help="run Spark jobs",
+        description="Run Spark jobs, in order, in one Spark session: embedded local Spark "
+        "unless --master names a cluster.",
     )
-    run.add_argument("job", help="job name (see `pushgw spark list`)")
+    run.add_argument("jobs", nargs="+", metavar="JOB", help="job name(s) (see `pushgw spark list`)")
     add_run_arguments(run)
     run.add_argument("--master", default=None, help="Spark master URL (default: local[*])")
     run.add_argument(
@@ -81,20 +83,16 @@ def list_command(args: argparse.Namespace, command_context: Any) -> int:
 
 
 def run_command(args: argparse.Namespace, command_context: Any) -> int:
-    from spark_plugins.runner import parse_conf, run_job
+    from spark_plugins.runner import parse_conf, run_jobs, select_jobs
 
-    jobs = _jobs()
+    known = _jobs()
+    jobs = None if known is None else select_jobs(known, args.jobs)
     if jobs is None:
-        return 2
-    job = jobs.get(args.job)
-    if job is None:
-        known = ", ".join(sorted(jobs)) or "none"
-        print(f"pushgw spark: unknown job {args.job!r} (known: {known})", file=sys.stderr)
         return 2
     try:
         conf = parse_conf(args.conf)
     except OptionError as exc:
         print(f"pushgw spark: {exc}", file=sys.stderr)
         return 2
-    status, _ = run_job(job, args.receipts, args.out, args.option, master=args.master, conf=conf)
+    status, _ = run_jobs(jobs, args.receipts, args.out, args.option, master=args.master, conf=conf)
     return status

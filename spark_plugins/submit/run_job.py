@@ -1,6 +1,7 @@
-"""spark-submit entry script: any job of any installed plugin.
+"""spark-submit entry script: any jobs of any installed plugins, in order, in one session.
 
-spark-submit [spark options] run_job.py JOB --receipts DIR --out DIR [--option NAME=VALUE ...]
+spark-submit [spark options] run_job.py JOB [JOB ...] --receipts DIR --out DIR \
+    [--option NAME=VALUE | JOB:NAME=VALUE ...]
 """
 
 import sys

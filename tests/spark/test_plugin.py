@@ -6,6 +6,7 @@ None of these start Spark (they run without pyspark or Java).
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,105 @@ def test_spark_run_third_party_job(
     assert seen == {"master": "spark://h:7077", "conf": {"spark.executor.memory": "4g"}}
     assert FakeSpark.stopped
     assert "per-country: 0 receipts" in capsys.readouterr().out
+
+
+class CountingSpark:
+    """Stands in for a SparkSession where no job touches it."""
+
+    sessions = 0
+    stopped = 0
+
+    def __init__(self) -> None:
+        CountingSpark.sessions += 1
+
+    def stop(self) -> None:
+        CountingSpark.stopped += 1
+
+
+def _two_jobs(ran: list[tuple[str, dict[str, Any]]], fail: str | None = None) -> list[SparkJob]:
+    def job(name: str, *options: JobOption) -> SparkJob:
+        def run(spark: Any, receipts: str, out: str, resolved: Any) -> JobResult:
+            ran.append((name, dict(resolved)))
+            if name == fail:
+                raise RuntimeError("boom")
+            return JobResult(name)
+
+        return SparkJob(name, name, run, options)
+
+    shared = JobOption("max_bad_lines", int, 100, "shared")
+    return [
+        job("first", shared, JobOption("chart", bool, True, "only first")),
+        job("second", shared, JobOption("window", int, 7, "only second")),
+    ]
+
+
+def test_several_jobs_share_one_session_in_order(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(runner, "discover_jobs", lambda: collect_jobs([_two_jobs(ran)]))
+    monkeypatch.setattr(runner, "spark_problem", lambda: None)
+    monkeypatch.setattr(runner, "get_session", lambda master, **kw: CountingSpark())
+    CountingSpark.sessions = CountingSpark.stopped = 0
+    options = ["max_bad_lines=5", "second:window=3", "chart=no"]
+    argv = ["spark", "run", "second", "first", "--receipts", "r", "--out", "o"]
+    assert _run([*argv, *[x for o in options for x in ("--option", o)]]) == 0
+    assert (CountingSpark.sessions, CountingSpark.stopped) == (1, 1)
+    assert ran == [
+        ("second", {"max_bad_lines": 5, "window": 3}),
+        ("first", {"max_bad_lines": 5, "chart": False}),
+    ]
+    out = capsys.readouterr().out
+    assert out.index("second: 0 receipts") < out.index("first: 0 receipts")
+
+
+def test_a_failing_job_does_not_stop_the_next(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(runner, "spark_problem", lambda: None)
+    monkeypatch.setattr(runner, "get_session", lambda master, **kw: CountingSpark())
+    CountingSpark.sessions = CountingSpark.stopped = 0
+    status, results = runner.run_jobs(_two_jobs(ran, fail="first"), "r", "o")
+    assert status == 1
+    assert [name for name, _ in ran] == ["first", "second"]
+    assert [r.job for r in results] == ["second"]
+    assert CountingSpark.stopped == 1
+    assert "first failed: boom" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["nope=1"], "unknown option 'nope' (known: chart, max_bad_lines, window)"),
+        (["third:window=1"], "job 'third' is not being run"),
+        (["first:window=1"], "job first: unknown option 'window'"),
+        (["window"], "expected NAME=VALUE or JOB:NAME=VALUE"),
+        (["window=soon"], "option window"),
+    ],
+)
+def test_options_of_several_jobs_are_checked_before_spark_starts(
+    monkeypatch: pytest.MonkeyPatch, items: list[str], message: str
+) -> None:
+    def no_session(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("Spark must not start on a usage error")
+
+    monkeypatch.setattr(runner, "get_session", no_session)
+    with pytest.raises(OptionError, match=re.escape(message)):
+        runner.resolve_job_options(_two_jobs([]), items)
+    status, results = runner.run_jobs(_two_jobs([]), "r", "o", items)
+    assert (status, results) == (2, [])
+
+
+def test_a_job_named_twice_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(runner, "spark_problem", lambda: None)
+    base = ["--receipts", "r", "--out", "o"]
+    assert _run(["spark", "run", "dead-tokens", "dead-tokens", *base]) == 2
+    assert "a job is named twice" in capsys.readouterr().err
+    assert _run(["spark", "run", "dead-tokens", "no-such-job", *base]) == 2
+    assert "unknown job 'no-such-job'" in capsys.readouterr().err
 
 
 def test_spark_run_usage_errors(

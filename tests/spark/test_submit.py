@@ -22,7 +22,10 @@ def _spark_submit() -> str | None:
     return str(local) if local.exists() else shutil.which("spark-submit")
 
 
-def test_dead_tokens_through_spark_submit(tmp_path: Path) -> None:
+def _submit(
+    script: str, tmp_path: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """spark-submit `script` over 500 receipts from the real writer; (process, out dir)."""
     problem = spark_problem()
     submit = _spark_submit()
     if problem or submit is None:
@@ -33,27 +36,34 @@ def test_dead_tokens_through_spark_submit(tmp_path: Path) -> None:
     synthetic.write_with_receipt_writer(list(synthetic.receipts(500, seed=11, tokens=20)), receipts)
     out = tmp_path / "out"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [
-            submit,
-            "--master",
-            "local[1]",
-            "--conf",
-            "spark.ui.enabled=false",
-            f"{DIR}/dead_tokens.py",
-            "--receipts",
-            str(receipts),
-            "--out",
-            str(out),
-            "--option",
-            "min_span_hours=0",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    command = [submit, "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+    command += [f"{DIR}/{script}", *args, "--receipts", str(receipts), "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, out
+
+
+def test_dead_tokens_through_spark_submit(tmp_path: Path) -> None:
+    proc, out = _submit("dead_tokens.py", tmp_path, "--option", "min_span_hours=0")
     assert "dead-tokens: 500 receipts" in proc.stdout
     entries = [json.loads(x) for x in (out / "dead-tokens.jsonl").read_text().splitlines()]
     assert entries and all(e["token_hash"] for e in entries)
+
+
+def test_several_jobs_through_one_spark_submit(tmp_path: Path) -> None:
+    proc, out = _submit(
+        "run_job.py",
+        tmp_path,
+        "delivery-report",
+        "dead-tokens",
+        "--option",
+        "min_span_hours=0",  # dead-tokens' option, given to it alone
+        "--option",
+        "delivery-report:chart=false",
+        "--option",
+        "max_bad_lines=3",  # both jobs have it
+    )
+    report_line = proc.stdout.index("delivery-report: 500 receipts")
+    assert report_line < proc.stdout.index("dead-tokens: 500 receipts")
+    assert (out / "summary.csv").exists() and not (out / "chart.png").exists()
+    assert (out / "dead-tokens.jsonl").read_text().strip()
