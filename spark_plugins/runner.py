@@ -2,8 +2,9 @@
 
 Several jobs named in one run share one Spark session, one after another: the JVM
 starts once and later jobs run on code it has already compiled (on the benchmark
-machine, the three built-in jobs over 1M receipts took 60 s in one run against 89 s as
-three runs). Each job writes into the same `--out`, exactly as separate runs would.
+machine, 2 cores, the three built-in jobs over 1M receipts took 61-63 s in one run
+against 99-113 s as three runs). Each job writes into the same `--out`, exactly as
+separate runs would.
 
 Exit statuses: 0 done; 1 a job failed (the others still ran); 2 usage or environment
 error (unknown job or option, missing receipts directory, pyspark or Java 17 missing),
