@@ -72,7 +72,7 @@ def resolve_job_options(
     `NAME=VALUE` goes to every job that declares NAME (an error when none does);
     `JOB:NAME=VALUE` goes to that job only (an error when it is not among `jobs`).
     """
-    given: dict[str, list[str]] = {job.name: [] for job in jobs}
+    given: dict[str, dict[str, str]] = {job.name: {} for job in jobs}
     for item in option_items:
         key, sep, value = item.partition("=")
         if not sep:
@@ -81,14 +81,15 @@ def resolve_job_options(
         if colon:
             if target not in given:
                 raise OptionError(f"option {item!r}: job {target!r} is not being run")
-            given[target].append(f"{name}={value}")
+            given[target][name] = value
             continue
         takers = [job.name for job in jobs if any(opt.name == name for opt in job.options)]
         if not takers:
             known = sorted({opt.name for job in jobs for opt in job.options})
             raise OptionError(f"unknown option {name!r} (known: {', '.join(known) or 'none'})")
         for job_name in takers:
-            given[job_name].append(f"{name}={value}")
+            given[job_name][name] = value
+    # string values are parsed with each option's type by the job itself
     return {job.name: job.resolve_options(given[job.name]) for job in jobs}
 
 

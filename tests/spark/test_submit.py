@@ -63,7 +63,7 @@ def test_several_jobs_through_one_spark_submit(tmp_path: Path) -> None:
         "--option",
         "max_bad_lines=3",  # both jobs have it
     )
-    report_line = proc.stdout.index("delivery-report: 500 receipts")
-    assert report_line < proc.stdout.index("dead-tokens: 500 receipts")
+    report_done = proc.stdout.index("delivery-report: 500 receipts")
+    assert report_done < proc.stdout.index("dead-tokens: 500 receipts")
     assert (out / "summary.csv").exists() and not (out / "chart.png").exists()
     assert (out / "dead-tokens.jsonl").read_text().strip()
