@@ -71,8 +71,11 @@ def resolve_job_options(
 
     `NAME=VALUE` goes to every job that declares NAME (an error when none does);
     `JOB:NAME=VALUE` goes to that job only (an error when it is not among `jobs`).
+    A job named twice is an error too.
     """
     given: dict[str, dict[str, str]] = {job.name: {} for job in jobs}
+    if len(given) != len(jobs):
+        raise OptionError(f"a job is named twice: {' '.join(job.name for job in jobs)}")
     for item in option_items:
         key, sep, value = item.partition("=")
         if not sep:
@@ -110,8 +113,6 @@ def run_jobs(
     """
     names = [job.name for job in jobs]
     try:
-        if len(set(names)) != len(names):
-            raise OptionError(f"a job is named twice: {' '.join(names)}")
         options = resolve_job_options(jobs, option_items)
     except OptionError as exc:
         print(f"pushgw spark: {exc}", file=sys.stderr)
