@@ -1,0 +1,125 @@
+"""The built-in jobs on a real Spark standalone cluster, against the same jobs in local mode.
+
+What local mode cannot show: executors in their own JVMs and working directories, with
+no Python at all (`spark.pyspark.python` names a file that does not exist, so a Python
+UDF would fail the job), and relative `--receipts` / `--out` resolved by the driver.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_plugins import synthetic
+from spark_plugins.runner import discover_jobs, resolve_job_options
+from spark_plugins.session import spark_problem
+from spark_plugins.testing import (
+    StandaloneCluster,
+    spark_home,
+    spark_submit_binary,
+    standalone_cluster,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+JOBS = ("delivery-report", "dead-tokens", "volume-anomalies")
+OPTIONS = ("min_span_hours=0",)
+TABLES = ("summary.csv", "reasons.csv", "hourly.csv", "volume.csv", "anomalies.csv")
+TRUNCATED = '{"v": 1, "ts": 1735689600.5, "push_id": "cut-'
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    problem = spark_problem()
+    if problem:
+        pytest.skip(f"needs pyspark and Java 17: {problem}")
+    work = tmp_path_factory.mktemp("spark-work")
+    with standalone_cluster(cores=2, memory="1g", work_dir=work) as running:
+        yield running
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _same_cell(a: str, b: str) -> bool:
+    """Equal, or the same float up to summation order (partitioning differs)."""
+    if a == b:
+        return True
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-9)
+    except ValueError:
+        return False
+
+
+def _assert_same_table(cluster_csv: Path, local_csv: Path) -> None:
+    got, want = _rows(cluster_csv), _rows(local_csv)
+    assert len(got) == len(want), cluster_csv.name
+    for row, expected in zip(got, want, strict=True):
+        assert row.keys() == expected.keys(), cluster_csv.name
+        differing = [k for k in row if not _same_cell(row[k], expected[k])]
+        assert not differing, (cluster_csv.name, differing, row, expected)
+
+
+def _input_report(out: Path, job: str) -> dict[str, Any]:
+    result = json.loads((out / f"result-{job}.json").read_text())
+    return dict(result["input"])
+
+
+def test_jobs_on_a_standalone_cluster_match_local_mode(
+    cluster: StandaloneCluster, spark: Any, tmp_path: Path
+) -> None:
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(list(synthetic.receipts(800, seed=3, tokens=25)), receipts)
+    with sorted(receipts.rglob("*.jsonl"))[0].open("a") as fh:
+        fh.write(TRUNCATED + "\n")  # a line cut short: skipped and located on executors too
+    launched_before = cluster.executors_launched
+
+    from spark_plugins.submit import DIR
+
+    command = [spark_submit_binary(), "--master", cluster.master_url]
+    command += ["--conf", "spark.ui.enabled=false"]
+    command += ["--conf", f"spark.pyspark.driver.python={sys.executable}"]
+    command += ["--conf", "spark.pyspark.python=/nonexistent/python"]  # executors: no Python
+    command += [f"{DIR}/run_job.py", *JOBS, *[f"--option={o}" for o in OPTIONS]]
+    command += ["--receipts", "receipts", "--out", "out"]  # relative to the driver's cwd
+    proc = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=dict(os.environ, SPARK_HOME=spark_home()),  # what spark-submit runs from
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cluster.executors_launched > launched_before, cluster.worker_log()[-20:]
+
+    # The same jobs in local mode, in this process.
+    local = tmp_path / "local"
+    jobs = discover_jobs()
+    chosen = [jobs[name] for name in JOBS]
+    options = resolve_job_options(chosen, OPTIONS)
+    for job in chosen:
+        job.run(spark, str(receipts), str(local), options[job.name])
+
+    out = tmp_path / "out"
+    for table in TABLES:
+        _assert_same_table(out / table, local / table)
+    for name in JOBS:
+        got, want = _input_report(out, name), _input_report(local, name)
+        assert got == want, name
+        assert got["records"] == 800 and got["bad"] == 1, got
+    dead = (out / "dead-tokens.jsonl").read_text().splitlines()
+    assert sorted(dead) == sorted((local / "dead-tokens.jsonl").read_text().splitlines())
+    assert dead, "the sample has tokens to retire"
+    assert (out / "chart.png").read_bytes().startswith(b"\x89PNG")
