@@ -155,6 +155,7 @@ def standalone_cluster(
     env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1")
     owned = work_dir is None
     work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="spark-work-"))
+    work.mkdir(parents=True, exist_ok=True)
     daemons: list[_Daemon] = []
     try:
         master = _Daemon(

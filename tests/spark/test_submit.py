@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,9 @@ import pytest
 
 from spark_plugins import synthetic
 from spark_plugins.session import spark_problem
+from spark_plugins.testing import spark_submit_binary
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def _spark_submit() -> str | None:
-    local = Path(sys.executable).parent / "spark-submit"
-    return str(local) if local.exists() else shutil.which("spark-submit")
 
 
 def _submit(
@@ -27,9 +22,9 @@ def _submit(
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """spark-submit `script` over 500 receipts from the real writer; (process, out dir)."""
     problem = spark_problem()
-    submit = _spark_submit()
-    if problem or submit is None:
-        pytest.skip(f"needs pyspark, Java 17 and spark-submit: {problem or 'no spark-submit'}")
+    if problem:
+        pytest.skip(f"needs pyspark and Java 17: {problem}")
+    submit = spark_submit_binary()
     from spark_plugins.submit import DIR
 
     receipts = tmp_path / "receipts"
@@ -48,22 +43,3 @@ def test_dead_tokens_through_spark_submit(tmp_path: Path) -> None:
     assert "dead-tokens: 500 receipts" in proc.stdout
     entries = [json.loads(x) for x in (out / "dead-tokens.jsonl").read_text().splitlines()]
     assert entries and all(e["token_hash"] for e in entries)
-
-
-def test_several_jobs_through_one_spark_submit(tmp_path: Path) -> None:
-    proc, out = _submit(
-        "run_job.py",
-        tmp_path,
-        "delivery-report",
-        "dead-tokens",
-        "--option",
-        "min_span_hours=0",  # dead-tokens' option, given to it alone
-        "--option",
-        "delivery-report:chart=false",
-        "--option",
-        "max_bad_lines=3",  # both jobs have it
-    )
-    report_done = proc.stdout.index("delivery-report: 500 receipts")
-    assert report_done < proc.stdout.index("dead-tokens: 500 receipts")
-    assert (out / "summary.csv").exists() and not (out / "chart.png").exists()
-    assert (out / "dead-tokens.jsonl").read_text().strip()
