@@ -116,15 +116,17 @@ def write_table(
 ) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """`NAME.parquet/` and `NAME.csv` under `out_dir`, rows sorted by `sort`.
 
-    The (small, aggregated) table is computed once with full parallelism and cached;
-    both files are then written from one sorted partition, which needs no range
-    partitioning pass. Returns ({"NAME.parquet": path, "NAME.csv": path}, rows), where
+    The (small, aggregated) table is computed once with full parallelism and cached
+    (unless the caller cached it: then that cache is used and left in place); both files
+    are then written from one sorted partition, which needs no range partitioning pass.
+    Returns ({"NAME.parquet": path, "NAME.csv": path}, rows), where
     rows (as dicts) are collected to the driver only when `collect` is true.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    cached = df.persist(StorageLevel.MEMORY_AND_DISK)
+    owned = not df.is_cached  # a caller's cache is used as it is, and kept
+    cached = df.persist(StorageLevel.MEMORY_AND_DISK) if owned else df
     try:
         single = cached.coalesce(1).sortWithinPartitions(*sort)
         parquet = join(out_dir, f"{name}.parquet")
@@ -141,7 +143,8 @@ def write_table(
             )
             rows = [row.asDict() for row in plain.collect()]
     finally:
-        cached.unpersist()
+        if owned:
+            cached.unpersist()
     paths = {
         f"{name}.parquet": _local(parquet) if is_local(parquet) else parquet,
         f"{name}.csv": csv,

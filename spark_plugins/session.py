@@ -34,6 +34,11 @@ PYSPARK_HELP = (
 # Job-level SQL settings, applied to every session (local or submitted).
 SQL_CONF = {
     "spark.sql.session.timeZone": "UTC",
+    # Let adaptive execution coalesce the partitions of a cached result, which Spark 4
+    # does not do by default. The jobs cache small aggregates and then write and collect
+    # them; with a cluster's default of 200 shuffle partitions, every action on them ran
+    # 200 tasks. Measured: 1.4-3.7x faster at 200 partitions, no change at 8.
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
 }
 
 

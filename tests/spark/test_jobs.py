@@ -296,3 +296,53 @@ def test_writer_parquet_reads_like_its_jsonl(spark: Any, tmp_path: Path) -> None
     assert rows == {r["push_id"]: r.asDict() for r in from_parquet.df.collect()}
     assert len(rows) == 2000 and rows[items[0].push_id]["ts"] == round(items[0].finished_at, 6)
     assert (from_parquet.stats().records, from_parquet.stats().bad) == (2000, 0)
+
+
+@pytest.mark.parametrize("job", [delivery_report.JOB, dead_tokens.JOB, volume_anomalies.JOB])
+def test_cached_results_are_read_in_few_tasks_under_a_cluster_partition_count(
+    spark: Any, receipts_dir: Path, tmp_path: Path, job: Any
+) -> None:
+    """With Spark's cluster default of 200 shuffle partitions, the jobs' cached (small)
+    results are coalesced by adaptive execution: no stage runs one task per partition."""
+    sc = spark.sparkContext
+    partitions = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "200")
+    group = f"partitions-{job.name}"
+    sc.setJobGroup(group, group)
+    try:
+        job.run(
+            spark,
+            str(receipts_dir),
+            str(tmp_path),
+            job.resolve_options({"chart": "false"} if job is delivery_report.JOB else {}),
+        )
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)
+    tracker = sc.statusTracker()
+    stages = [
+        tracker.getStageInfo(stage)
+        for job_id in tracker.getJobIdsForGroup(group)
+        for stage in tracker.getJobInfo(job_id).stageIds
+    ]
+    tasks = [info.numTasks for info in stages if info is not None]
+    assert tasks and max(tasks) < 200, tasks
+
+
+def test_write_table_keeps_a_callers_cache_and_drops_its_own(spark: Any, tmp_path: Path) -> None:
+    """A job that cached a table to use it again (volume-anomalies' series) keeps that
+    cache after writing it; a table write_table cached itself is not left cached."""
+    from spark_plugins.output import write_table
+
+    table = spark.range(30).selectExpr("id % 3 AS k").groupBy("k").count()
+    callers = table.persist()
+    try:
+        _, rows = write_table(callers, str(tmp_path), "kept", ["k"], collect=True)
+        assert callers.is_cached
+        assert [r["count"] for r in rows] == [10, 10, 10]
+    finally:
+        callers.unpersist()
+    fresh = table.where("k > 0")
+    write_table(fresh, str(tmp_path), "own", ["k"])
+    assert not fresh.is_cached
+    assert (tmp_path / "own.csv").read_text().splitlines() == ["k,count", "1,10", "2,10"]
