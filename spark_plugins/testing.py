@@ -125,7 +125,6 @@ class StandaloneCluster:
 
     master_url: str
     work_dir: Path
-    _master: _Daemon = field(repr=False)
     _worker: _Daemon = field(repr=False)
 
     @property
@@ -176,7 +175,7 @@ def standalone_cluster(
         )
         daemons.append(worker)
         worker.wait_for(_WORKER_READY, STARTUP_TIMEOUT)
-        yield StandaloneCluster(url, work, master, worker)
+        yield StandaloneCluster(url, work, worker)
     finally:
         for daemon in reversed(daemons):
             daemon.stop()
