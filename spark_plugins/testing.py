@@ -10,6 +10,7 @@ installed pyspark (no other Spark install is needed) and `spark-submit` to it:
 
     with standalone_cluster(cores=2, memory="1g") as cluster:
         subprocess.run([spark_submit_binary(), "--master", cluster.master_url,
+                        "--conf", f"spark.pyspark.driver.python={sys.executable}",
                         f"{spark_plugins.submit.DIR}/run_job.py", "my-job",
                         "--receipts", "receipts", "--out", "out"], check=True)
         assert cluster.executors_launched >= 1
@@ -25,7 +26,6 @@ import queue
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -53,11 +53,10 @@ def spark_home() -> str:
 
 
 def spark_submit_binary() -> str:
-    """The `spark-submit` next to this Python (a virtualenv's), else Spark's own."""
-    beside = Path(sys.executable).parent / "spark-submit"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("spark-submit") or str(Path(spark_home()) / "bin" / "spark-submit")
+    """Spark's own `spark-submit` (in `spark_home()`). Unlike the wrapper pip puts next
+    to the Python executable, which looks for pyspark with whatever `python3` is on PATH,
+    it finds its Spark from where it lies, so callers need no `SPARK_HOME`."""
+    return str(Path(spark_home()) / "bin" / "spark-submit")
 
 
 class _Daemon:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +24,6 @@ from spark_plugins.runner import discover_jobs, resolve_job_options
 from spark_plugins.session import spark_problem
 from spark_plugins.testing import (
     StandaloneCluster,
-    spark_home,
     spark_submit_binary,
     standalone_cluster,
 )
@@ -99,14 +97,7 @@ def test_jobs_on_a_standalone_cluster_match_local_mode(
     command += ["--conf", "spark.pyspark.python=/nonexistent/python"]  # executors: no Python
     command += [f"{DIR}/run_job.py", *JOBS, *[f"--option={o}" for o in OPTIONS]]
     command += ["--receipts", "receipts", "--out", "out"]  # relative to the driver's cwd
-    proc = subprocess.run(
-        command,
-        cwd=tmp_path,
-        env=dict(os.environ, SPARK_HOME=spark_home()),  # what spark-submit runs from
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert cluster.executors_launched > launched_before, cluster.worker_log()[-20:]
     finished = [proc.stdout.index(f"{name}: 800 receipts") for name in JOBS]
