@@ -3,7 +3,8 @@
 What local mode cannot show: executors in their own JVMs and working directories, with
 no Python at all (`spark.pyspark.python` names a file that does not exist, so a Python
 UDF would fail the job), and relative `--receipts` / `--out` resolved by the driver.
-It also covers `run_job.py` with several jobs and options routed to one job or to all.
+It also covers `run_job.py` with several jobs and options routed to one job or to all,
+and `pushgw spark run --master URL`, the driver in the operator's own process.
 """
 
 from __future__ import annotations
@@ -122,3 +123,32 @@ def test_jobs_on_a_standalone_cluster_match_local_mode(
     assert sorted(dead) == sorted((local / "dead-tokens.jsonl").read_text().splitlines())
     assert dead, "the sample has tokens to retire"
     assert not (out / "chart.png").exists()  # chart=false reached delivery-report
+
+
+def test_pushgw_spark_run_with_master_uses_the_cluster(
+    cluster: StandaloneCluster, spark: Any, tmp_path: Path
+) -> None:
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(list(synthetic.receipts(600, seed=5, tokens=20)), receipts)
+    launched_before = cluster.executors_launched
+
+    command = [sys.executable, "-m", "gateway.cli", "spark", "run", "delivery-report"]
+    command += ["--master", cluster.master_url, "--receipts", "receipts", "--out", "out"]
+    command += ["--option", "chart=false"]
+    for conf in (
+        "spark.pyspark.python=/nonexistent/python",  # executors: no Python
+        "spark.driver.host=127.0.0.1",  # where the executors reach this driver
+        "spark.sql.shuffle.partitions=4",
+        "spark.ui.enabled=false",
+    ):
+        command += ["--conf", conf]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cluster.executors_launched > launched_before, cluster.worker_log()[-20:]
+
+    local = tmp_path / "local"
+    job = discover_jobs()["delivery-report"]
+    job.run(spark, str(receipts), str(local), resolve_job_options([job], ["chart=false"])[job.name])
+    for table in ("summary.csv", "reasons.csv", "hourly.csv"):
+        _assert_same_table(tmp_path / "out" / table, local / table)
+    assert _input_report(tmp_path / "out", job.name)["records"] == 600
