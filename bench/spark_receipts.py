@@ -48,6 +48,7 @@ from spark_plugins.session import get_session  # noqa: E402
 from spark_plugins.synthetic import write_jsonl_fast  # noqa: E402
 
 DATA_LAYOUT = "time-ordered-per-node"
+DEFAULT_TOKENS = 200_000  # per plugin and generator process: 1.2M tokens in 10M receipts
 
 
 def _size_label(n: int) -> str:
@@ -58,8 +59,13 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def prepare(spark: Any, n: int, data: Path, formats: list[str]) -> dict[str, Path]:
+def prepare(
+    spark: Any, n: int, data: Path, formats: list[str], tokens: int = DEFAULT_TOKENS
+) -> dict[str, Path]:
+    """Generated receipts (reused when present); `tokens` per plugin and generator process."""
     base = data / _size_label(n)
+    if tokens != DEFAULT_TOKENS:
+        base = data / f"{_size_label(n)}-tokens{tokens}"
     jsonl, parquet = base / "jsonl", base / "parquet"
     marker = base / "count"
     layout = f"{n} {DATA_LAYOUT}"  # data of an older layout is generated again
@@ -67,7 +73,7 @@ def prepare(spark: Any, n: int, data: Path, formats: list[str]) -> dict[str, Pat
         shutil.rmtree(base, ignore_errors=True)
         started = time.monotonic()
         print(f"generating {n:,} receipts in {jsonl} ...", file=sys.stderr, flush=True)
-        written = write_jsonl_fast(n, jsonl)
+        written = write_jsonl_fast(n, jsonl, tokens=tokens)
         assert written == n, (written, n)
         print(f"  {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
         marker.write_text(layout)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from spark_plugins.jobs import JobOption, JobResult, SparkJob
 from spark_plugins.output import ensure_dir, join, write_result, write_single
 from spark_plugins.reader import read_receipts, report_bad_input
+from spark_plugins.session import BYPASS_PARTIAL_AGGREGATION, OBJECT_HASH_GROUPS, sql_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +54,12 @@ OPTIONS = (
     JobOption("min_span_hours", float, 24.0, "a streak must span at least this long"),
     JobOption("now", float, None, "end of the window, unix seconds (default: newest receipt)"),
     JobOption("max_bad_lines", int, 100, "bad receipt lines reported with file and line"),
+    JobOption(
+        "hash_groups",
+        int,
+        200_000,
+        "tokens a task aggregates in memory before sorting (objectHashAggregate fallback)",
+    ),
 )
 
 KEYS = ("plugin", "app_id", "provider", "token_hash")
@@ -120,13 +127,40 @@ def decide(tokens: DataFrame, end: float, options: Mapping[str, Any]) -> DataFra
 SORT = ["plugin", "app_id", "token_hash", "provider"]
 
 
+def aggregation_conf(options: Mapping[str, Any]) -> dict[str, str]:
+    """How Spark should run `per_token`'s aggregation.
+
+    Its lists make it an "object" aggregate, which Spark sorts the input for once a task
+    holds more than 128 tokens; a map of up to `hash_groups` tokens avoids that sort.
+    And a token has only a few receipts in any one input split, so the partial
+    aggregation before the shuffle builds a map as large as its input and shrinks
+    nothing; the job skips it (Spark 4.3+). Even with 500 receipts per token, keeping
+    it was no faster. Figures: docs/spark.md (`bench/spark_dead_tokens.py`).
+    """
+    return {
+        OBJECT_HASH_GROUPS: str(int(options["hash_groups"])),
+        BYPASS_PARTIAL_AGGREGATION: "true",
+    }
+
+
 def run(
     spark: SparkSession, receipts_dir: str, out_dir: str, options: Mapping[str, Any]
+) -> JobResult:
+    started = time.monotonic()
+    with sql_conf(spark, aggregation_conf(options)):
+        return _run(spark, receipts_dir, out_dir, options, started)
+
+
+def _run(
+    spark: SparkSession,
+    receipts_dir: str,
+    out_dir: str,
+    options: Mapping[str, Any],
+    started: float,
 ) -> JobResult:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    started = time.monotonic()
     source = read_receipts(spark, receipts_dir, max_reported=int(options["max_bad_lines"]))
     tokens = per_token(source.df, options).persist(StorageLevel.MEMORY_AND_DISK)
     result = JobResult(NAME)

@@ -16,6 +16,8 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,6 +43,13 @@ SQL_CONF = {
     # on a few hundred; no change at local mode's 8.
     "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
 }
+
+# Settings a job tunes for its own aggregations, for the length of the job (`sql_conf`):
+# how many groups an "object" aggregate (sketches, lists) keeps in a hash map before it
+# sorts its input instead, and (Spark 4.3+) whether to skip the partial aggregation
+# before a shuffle (it saves nothing when nearly every row of a task is its own group).
+OBJECT_HASH_GROUPS = "spark.sql.objectHashAggregate.sortBased.fallbackThreshold"
+BYPASS_PARTIAL_AGGREGATION = "spark.sql.execution.bypassPartialAggregation"
 
 
 def _java_binary() -> str | None:
@@ -165,3 +174,24 @@ def get_session(
     for key, value in SQL_CONF.items():
         spark.conf.set(key, value)
     return spark
+
+
+@contextmanager
+def sql_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Apply SQL `settings` for one job, then put back what was there before.
+
+    Several jobs share one session (`pushgw spark run JOB JOB`), so a setting tuned for
+    one job's aggregation must not leak into the next. A key this Spark does not know is
+    accepted and has no effect.
+    """
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in previous.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)

@@ -156,14 +156,14 @@ def write_with_receipt_writer(
     asyncio.run(_write_async(items, directory, roll_bytes, file_format))
 
 
-def _fast_chunk(args: tuple[int, int, int, str, int, float, int]) -> int:
-    n, seed, worker, directory, per_file, start, hours = args
+def _fast_chunk(args: tuple[int, int, int, str, int, float, int, int]) -> int:
+    n, seed, worker, directory, per_file, start, hours, tokens = args
     lines = 0
     seq = 0
     out = None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     receipts_of_node = receipts(
-        n, seed=seed, start=start, hours=hours, tokens=200_000, in_time_order=True
+        n, seed=seed, start=start, hours=hours, tokens=tokens, in_time_order=True
     )
     for receipt in receipts_of_node:
         if out is None or lines % per_file == 0:
@@ -188,13 +188,17 @@ def write_jsonl_fast(
     seed: int = 7,
     start: float = 1_735_689_600.0,
     hours: int = 24 * 14,
+    tokens: int = 200_000,
 ) -> int:
-    """Write `n` receipts as JSON Lines from a process pool (benchmark fast path)."""
+    """Write `n` receipts as JSON Lines from a process pool (benchmark fast path).
+
+    `tokens` is the number of device tokens per plugin and worker.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     workers = workers or os.cpu_count() or 1
     chunks = [n // workers + (1 if i < n % workers else 0) for i in range(workers)]
     jobs = [
-        (c, seed * 1000 + i, i, str(directory), per_file, start, hours)
+        (c, seed * 1000 + i, i, str(directory), per_file, start, hours, tokens)
         for i, c in enumerate(chunks)
     ]
     with ProcessPoolExecutor(workers) as pool:

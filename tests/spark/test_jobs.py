@@ -346,3 +346,57 @@ def test_write_table_keeps_a_callers_cache_and_drops_its_own(spark: Any, tmp_pat
     write_table(fresh, str(tmp_path), "own", ["k"])
     assert not fresh.is_cached
     assert (tmp_path / "own.csv").read_text().splitlines() == ["k,count", "1,10", "2,10"]
+
+
+def test_sql_conf_puts_back_what_was_there_even_after_an_error(spark: Any) -> None:
+    from spark_plugins.session import sql_conf
+
+    set_before, unset_before = "spark.sql.shuffle.partitions", "spark.pushgw.test.unset"
+    before = spark.conf.get(set_before)
+    with pytest.raises(RuntimeError), sql_conf(spark, {set_before: "7", unset_before: "x"}):
+        assert (spark.conf.get(set_before), spark.conf.get(unset_before)) == ("7", "x")
+        raise RuntimeError("job failed")
+    assert spark.conf.get(set_before) == before
+    assert spark.conf.get(unset_before, None) is None
+
+
+@pytest.mark.parametrize("job", [delivery_report.JOB, dead_tokens.JOB])
+def test_jobs_tune_their_aggregation_without_changing_the_session(
+    spark: Any, receipts_dir: Path, tmp_path: Path, job: Any
+) -> None:
+    """Jobs share a session (`pushgw spark run JOB JOB`): what one sets for its own
+    aggregation is gone when the next job starts."""
+    from spark_plugins.session import BYPASS_PARTIAL_AGGREGATION, OBJECT_HASH_GROUPS
+
+    spark.conf.set(OBJECT_HASH_GROUPS, "777")
+    try:
+        options = job.resolve_options({"chart": "false"} if job is delivery_report.JOB else {})
+        job.run(spark, str(receipts_dir), str(tmp_path), options)
+        assert spark.conf.get(OBJECT_HASH_GROUPS) == "777"
+        assert spark.conf.get(BYPASS_PARTIAL_AGGREGATION, None) is None
+    finally:
+        spark.conf.unset(OBJECT_HASH_GROUPS)
+
+
+def test_dead_tokens_aggregates_each_token_once_after_the_shuffle(
+    spark: Any, receipts_dir: Path
+) -> None:
+    """A token has few receipts per input split, so the job skips Spark's partial
+    aggregation (which would build a map as large as its input) on Spark 4.3+."""
+    import pyspark
+
+    from spark_plugins.session import sql_conf
+
+    if tuple(int(p) for p in pyspark.__version__.split(".")[:2]) < (4, 3):
+        pytest.skip("bypassing the partial aggregation needs Spark 4.3")
+    options = dead_tokens.JOB.resolve_options({})
+    tokens = dead_tokens.per_token(read_receipts(spark, str(receipts_dir)).df, options)
+    tokens.createOrReplaceTempView("pushgw_test_tokens")
+
+    def plan() -> str:
+        return str(spark.sql("EXPLAIN SELECT * FROM pushgw_test_tokens").first()[0])
+
+    assert "partial_collect_list" in plan()  # Spark's default: two aggregation phases
+    with sql_conf(spark, dead_tokens.aggregation_conf(options)):
+        once = plan()
+    assert "collect_list" in once and "partial_" not in once, once
