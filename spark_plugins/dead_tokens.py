@@ -33,10 +33,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.jobs import JobOption, JobResult, SparkJob
+from spark_plugins.jobs import JobOption, JobResult, SparkJob, with_sql_conf
 from spark_plugins.output import ensure_dir, join, write_result, write_single
 from spark_plugins.reader import read_receipts, report_bad_input
-from spark_plugins.session import BYPASS_PARTIAL_AGGREGATION, OBJECT_HASH_GROUPS, sql_conf
+from spark_plugins.session import BYPASS_PARTIAL_AGGREGATION, OBJECT_HASH_GROUPS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -143,24 +143,14 @@ def aggregation_conf(options: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+@with_sql_conf(aggregation_conf)
 def run(
     spark: SparkSession, receipts_dir: str, out_dir: str, options: Mapping[str, Any]
-) -> JobResult:
-    started = time.monotonic()
-    with sql_conf(spark, aggregation_conf(options)):
-        return _run(spark, receipts_dir, out_dir, options, started)
-
-
-def _run(
-    spark: SparkSession,
-    receipts_dir: str,
-    out_dir: str,
-    options: Mapping[str, Any],
-    started: float,
 ) -> JobResult:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    started = time.monotonic()
     source = read_receipts(spark, receipts_dir, max_reported=int(options["max_bad_lines"]))
     tokens = per_token(source.df, options).persist(StorageLevel.MEMORY_AND_DISK)
     result = JobResult(NAME)

@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.jobs import JobOption, JobResult, OptionError, SparkJob
+from spark_plugins.jobs import JobOption, JobResult, OptionError, SparkJob, with_sql_conf
 from spark_plugins.output import (
     ensure_dir,
     join,
@@ -45,7 +45,7 @@ from spark_plugins.output import (
     write_table,
 )
 from spark_plugins.reader import STATUSES, read_receipts, report_bad_input
-from spark_plugins.session import OBJECT_HASH_GROUPS, sql_conf
+from spark_plugins.session import OBJECT_HASH_GROUPS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -214,27 +214,21 @@ SORT = {
 }
 
 
+def aggregation_conf(options: Mapping[str, Any]) -> dict[str, str]:
+    """Sketch / percentile aggregates are "object" aggregates, which Spark sorts the input
+    for once a task sees more than 128 groups (its default): the finest grain has tens of
+    thousands. Keeping them in a hash map is 1.5x faster."""
+    return {OBJECT_HASH_GROUPS: str(int(options["hash_groups"]))}
+
+
+@with_sql_conf(aggregation_conf)
 def run(
     spark: SparkSession, receipts_dir: str, out_dir: str, options: Mapping[str, Any]
 ) -> JobResult:
+    from pyspark import StorageLevel
 
     started = time.monotonic()
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    # Sketch / percentile aggregates are "object" aggregates, which Spark sorts the input
-    # for once a task sees more than 128 groups (its default): the finest grain has tens of
-    # thousands. Keeping them in a hash map is 1.5x faster.
-    with sql_conf(spark, {OBJECT_HASH_GROUPS: str(int(options["hash_groups"]))}):
-        return _run(spark, receipts_dir, out_dir, options, started)
-
-
-def _run(
-    spark: SparkSession,
-    receipts_dir: str,
-    out_dir: str,
-    options: Mapping[str, Any],
-    started: float,
-) -> JobResult:
-    from pyspark import StorageLevel
 
     source = read_receipts(spark, receipts_dir, max_reported=int(options["max_bad_lines"]))
     result = JobResult(NAME)

@@ -7,6 +7,7 @@ parsing their options works without Spark installed; only `SparkJob.run` needs i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -112,6 +113,31 @@ class JobResult:
 
 
 RunFn = Callable[["SparkSession", str, str, Mapping[str, Any]], JobResult]
+
+
+def with_sql_conf(
+    settings: Callable[[Mapping[str, Any]], Mapping[str, str]],
+) -> Callable[[RunFn], RunFn]:
+    """Decorate a job's `run` so that the Spark SQL `settings(options)` hold for its run only.
+
+    Jobs share a session (`pushgw spark run JOB JOB`); what was set before is put back
+    afterwards (`spark_plugins.session.sql_conf`). `run.__wrapped__` is the job without
+    them, for measuring what they are worth.
+    """
+
+    def decorate(run: RunFn) -> RunFn:
+        @functools.wraps(run)
+        def tuned(
+            spark: SparkSession, receipts_dir: str, out_dir: str, options: Mapping[str, Any]
+        ) -> JobResult:
+            from spark_plugins.session import sql_conf
+
+            with sql_conf(spark, settings(options)):
+                return run(spark, receipts_dir, out_dir, options)
+
+        return tuned
+
+    return decorate
 
 
 @dataclass(frozen=True)

@@ -360,6 +360,24 @@ def test_sql_conf_puts_back_what_was_there_even_after_an_error(spark: Any) -> No
     assert spark.conf.get(unset_before, None) is None
 
 
+def test_with_sql_conf_holds_for_the_run_only(spark: Any) -> None:
+    from spark_plugins.jobs import JobResult, with_sql_conf
+
+    key = "spark.pushgw.test.tuned"
+    seen: list[str | None] = []
+
+    @with_sql_conf(lambda options: {key: str(options["n"])})
+    def run(spark: Any, receipts_dir: str, out_dir: str, options: Any) -> JobResult:
+        seen.append(spark.conf.get(key, None))
+        return JobResult("tuned")
+
+    assert run(spark, "in", "out", {"n": 3}).job == "tuned"
+    assert seen == ["3"]
+    assert spark.conf.get(key, None) is None
+    assert run.__wrapped__(spark, "in", "out", {"n": 3}).job == "tuned"  # type: ignore[attr-defined]
+    assert seen == ["3", None]
+
+
 @pytest.mark.parametrize("job", [delivery_report.JOB, dead_tokens.JOB])
 def test_jobs_tune_their_aggregation_without_changing_the_session(
     spark: Any, receipts_dir: Path, tmp_path: Path, job: Any
