@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from spark_receipts import _size_label, best_of, prepare  # noqa: E402
+from spark_receipts import _size_label, best_of, prepare, save_json  # noqa: E402
 
 from spark_plugins import dead_tokens  # noqa: E402
 from spark_plugins.session import get_session  # noqa: E402
@@ -106,16 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['job_s']:6.1f} {r['job_first_s']:7.1f} {r['spark_defaults_s']:10.1f} "
             f"{r['spark_defaults_first_s']:7.1f} {r['speedup']:6.2f}x"
         )
-    record = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count()},
-        "master": args.master,
-        "runs": args.runs,
-        "results": results,
-    }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.json}", file=sys.stderr)
+    record = {"machine": {"cpus": os.cpu_count()}, "master": args.master, "runs": args.runs}
+    save_json(args.json, {**record, "results": results})
     return 0
 
 

@@ -89,6 +89,14 @@ def prepare(
     return paths
 
 
+def save_json(path: str, record: dict[str, Any]) -> None:
+    """Write a benchmark's record (with when it ran) where `--json` says."""
+    record = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}", file=sys.stderr)
+
+
 def timed(fn: Any) -> tuple[float, Any]:
     started = time.monotonic()
     value = fn()
@@ -206,7 +214,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     record = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -217,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "scaling": scaling,
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.json}", file=sys.stderr)
+    save_json(args.json, record)
     return 0
 
 
