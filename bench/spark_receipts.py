@@ -45,10 +45,9 @@ sys.path.insert(0, str(ROOT))
 from spark_plugins import delivery_report  # noqa: E402
 from spark_plugins.reader import RECEIPT_DDL, read_receipts  # noqa: E402
 from spark_plugins.session import get_session  # noqa: E402
-from spark_plugins.synthetic import write_jsonl_fast  # noqa: E402
+from spark_plugins.synthetic import FAST_TOKENS, write_jsonl_fast  # noqa: E402
 
 DATA_LAYOUT = "time-ordered-per-node"
-DEFAULT_TOKENS = 200_000  # per plugin and generator process: 1.2M tokens in 10M receipts
 
 
 def _size_label(n: int) -> str:
@@ -60,11 +59,11 @@ def _du(path: Path) -> int:
 
 
 def prepare(
-    spark: Any, n: int, data: Path, formats: list[str], tokens: int = DEFAULT_TOKENS
+    spark: Any, n: int, data: Path, formats: list[str], tokens: int = FAST_TOKENS
 ) -> dict[str, Path]:
     """Generated receipts (reused when present); `tokens` per plugin and generator process."""
     base = data / _size_label(n)
-    if tokens != DEFAULT_TOKENS:
+    if tokens != FAST_TOKENS:
         base = data / f"{_size_label(n)}-tokens{tokens}"
     jsonl, parquet = base / "jsonl", base / "parquet"
     marker = base / "count"
