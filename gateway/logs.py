@@ -14,6 +14,26 @@ import time
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
+# Libraries that log what the gateway must not: request URLs and headers with device
+# tokens (HTTP clients), SQL statements with their parameters (database drivers),
+# relay frames (websockets), the JVM bridge's commands (py4j). They stay at WARNING
+# whatever the gateway's own level, so `logging.level: DEBUG` debugs pushgw, not them.
+QUIET_LOGGERS = (
+    "aioapns",
+    "h2",
+    "hpack",
+    "httpx",
+    "httpcore",
+    "urllib3",
+    "google",
+    "asyncio",
+    "aiosqlite",
+    "asyncpg",
+    "sqlalchemy",
+    "py4j",
+    "websockets",
+)
+
 
 class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
@@ -48,7 +68,11 @@ def configure(level: str = "INFO", json_format: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # Third-party clients log request details (URLs with device tokens, headers) at DEBUG
-    # and INFO: keep them at WARNING whatever the gateway's level.
-    for noisy in ("aioapns", "h2", "hpack", "httpx", "httpcore", "urllib3", "google", "asyncio"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    quiet_third_party(level)
+
+
+def quiet_third_party(level: str | int = logging.DEBUG) -> None:
+    """Hold the `QUIET_LOGGERS` at WARNING, or at `level` when that is higher."""
+    numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, numeric))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway import logs
 from gateway.testing import apns_sim, fcm_sim
 from gateway.testing.databases import (
     PostgresUnavailable,
@@ -60,22 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     root = logging.getLogger()
     root.addHandler(LOG_CAPTURE)
     root.setLevel(logging.DEBUG)
-    # As in production (gateway.logs.configure): chatty clients stay at WARNING.
-    for noisy in (
-        "aioapns",
-        "h2",
-        "hpack",
-        "httpx",
-        "httpcore",
-        "urllib3",
-        "google",
-        "asyncio",
-        "aiosqlite",
-        "asyncpg",
-        "py4j",
-        "websockets",
-    ):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.quiet_third_party()  # as in production: chatty libraries stay at WARNING
     _track(apns_sim.ApnsSimulator)
     _track(fcm_sim.FcmSimulator)
 

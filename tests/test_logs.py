@@ -1,0 +1,64 @@
+"""`logging.level: DEBUG` shows pushgw's own debug lines, never what libraries log."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from gateway import logs
+from gateway.core.store import create_engine
+
+
+@pytest.fixture
+def debug_stderr() -> Iterator[io.StringIO]:
+    """`logs.configure("DEBUG")` writing to a buffer; the suite's logging put back after."""
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    saved_quiet = {name: logging.getLogger(name).level for name in logs.QUIET_LOGGERS}
+    logs.configure("DEBUG")
+    buffer = io.StringIO()
+    handler = root.handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(buffer)
+    try:
+        yield buffer
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        for name, level in saved_quiet.items():
+            logging.getLogger(name).setLevel(level)
+
+
+async def test_debug_level_keeps_sql_parameters_out_of_the_log(
+    debug_stderr: io.StringIO, tmp_path: Path
+) -> None:
+    token = "f00dfeed" * 8  # what a registration writes
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'store.db'}")
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(sa.text("CREATE TABLE devices (token TEXT)"))
+            await conn.execute(sa.text("INSERT INTO devices VALUES (:t)"), {"t": token})
+    finally:
+        await engine.dispose()
+    logging.getLogger("gateway.core.store").debug("stored a device")
+
+    written = debug_stderr.getvalue()
+    assert "stored a device" in written  # the gateway's own DEBUG lines are shown
+    assert token not in written
+
+
+def test_level_above_warning_also_holds_for_the_quiet_loggers() -> None:
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    try:
+        logs.configure("ERROR")
+        assert {logging.getLogger(name).level for name in logs.QUIET_LOGGERS} == {logging.ERROR}
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        logs.quiet_third_party()
