@@ -39,6 +39,7 @@ from plugins.matrix.validation import Device, Notification
 __all__ = ["Planned", "apns_token", "plan"]
 
 _NOT_B64 = re.compile(r"[^A-Za-z0-9+/]")
+_HEX_TOKEN = re.compile(r"[0-9A-Fa-f]+")
 _CRYPTO = ("ciphertext", "ephemeral", "mac")
 _plain_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -57,10 +58,14 @@ def apns_token(pushkey: str, convert: bool) -> str:
 
     Like Sygnal's non-validating `b64decode`, characters outside the alphabet are
     skipped; missing padding is tolerated. Raises PayloadRejected when nothing decodes.
+    Without `convert` the pushkey is used verbatim and must already be a (non-empty)
+    hex device token: anything else can never be delivered (APNs answers
+    `BadDeviceToken`, or the core refuses a path-unsafe token, which would be a 502),
+    so it is rejected without sending.
     """
     if not convert:
-        if not pushkey:
-            raise PayloadRejected("empty pushkey")
+        if not _HEX_TOKEN.fullmatch(pushkey):
+            raise PayloadRejected("pushkey is not a hex device token")
         return pushkey
     cleaned = _NOT_B64.sub("", pushkey.split("=", 1)[0])
     if len(cleaned) % 4 == 1:
@@ -241,7 +246,10 @@ def _gateway_encrypt(
         if trial is None or not trial.oversize:
             break
     plaintext = _plain_encoder.encode(chosen).encode("utf-8")
-    sealed = msc3013.encrypt(plaintext, recipient, mac_mode=app.msc3013_mac)
+    try:
+        sealed = msc3013.encrypt(plaintext, recipient, mac_mode=app.msc3013_mac)
+    except msc3013.Msc3013Error:  # low-order key: decode_public_key already refuses it
+        raise PayloadRejected("MSC3013 device without a usable public_key") from None
     fields = {"ciphertext": sealed.ciphertext, "ephemeral": sealed.ephemeral, "mac": sealed.mac}
     planned = _frame_payload(_Frame(fields, algorithm, kind), n, device, app, default_payload)
     if planned is None:

@@ -94,6 +94,13 @@ class MatrixFrontend:
             gauge.inc()
         try:
             response = await self._notify(request)
+        except web.HTTPException:
+            raise
+        except Exception:
+            # A bug of ours. matrix.md §1.2 (and Sygnal): 500 with an empty body, counted
+            # in the status metrics like any answer; the traceback goes to the log only.
+            log.exception("internal error in notify")
+            response = web.Response(status=500)
         finally:
             if self.sygnal:
                 gauge.dec()

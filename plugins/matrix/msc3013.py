@@ -8,6 +8,11 @@ empty string (`libolm` mode, what libolm and vodozemac check) or over the cipher
 
 `decrypt` exists for tests and `pushgw simulate`: it accepts both paddings and, with
 `mac_mode=None`, both MAC modes.
+
+A low-order public key (all zero, one, the order-8 points, and their non-canonical
+encodings) gives the all-zero shared secret whatever the private key, which X25519
+refuses: `decode_public_key` rejects such keys, and `encrypt` / `decrypt` raise
+`Msc3013Error` for them too, never a bare `ValueError` from the X25519 layer.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ MacMode = Literal["libolm", "ciphertext"]
 ALGORITHMS = frozenset({"m.curve25519-aes-sha2", "com.famedly.curve25519-aes-sha2"})
 _MAC_LENGTH = 8
 _ZERO_SALT = bytes(32)
+# Any private key detects a low-order public key: X25519 clamps private keys to multiples
+# of the cofactor 8, so such a key yields the all-zero secret (refused) for every one.
+_PROBE = X25519PrivateKey.generate()
 
 
 class Msc3013Error(ValueError):
@@ -73,13 +81,24 @@ def b64decode_any(text: str) -> bytes:
 
 
 def decode_public_key(text: object) -> X25519PublicKey:
-    """A Curve25519 public key from (un)padded base64; raises Msc3013Error."""
+    """A usable Curve25519 public key from (un)padded base64; raises Msc3013Error
+    (also for a low-order key, with which no shared secret can be agreed)."""
     if not isinstance(text, str):
         raise Msc3013Error("public_key missing or not a string")
     raw = b64decode_any(text)
     if len(raw) != 32:
         raise Msc3013Error("public_key is not 32 bytes")
-    return X25519PublicKey.from_public_bytes(raw)
+    key = X25519PublicKey.from_public_bytes(raw)
+    _exchange(_PROBE, key)
+    return key
+
+
+def _exchange(private: X25519PrivateKey, public: X25519PublicKey) -> bytes:
+    """X25519; raises Msc3013Error when `public` is a low-order point (zero secret)."""
+    try:
+        return private.exchange(public)
+    except ValueError:
+        raise Msc3013Error("low-order public key: no shared secret") from None
 
 
 def derive_keys(shared_secret: bytes) -> tuple[bytes, bytes, bytes]:
@@ -107,9 +126,11 @@ def encrypt(
     mac_mode: MacMode = "libolm",
     ephemeral_key: X25519PrivateKey | None = None,
 ) -> EncryptedPayload:
-    """Encrypt for `recipient` with a fresh ephemeral key (pin one only in tests)."""
+    """Encrypt for `recipient` with a fresh ephemeral key (pin one only in tests).
+
+    Raises Msc3013Error for a low-order `recipient`."""
     private = ephemeral_key if ephemeral_key is not None else X25519PrivateKey.generate()
-    aes_key, mac_key, iv = derive_keys(private.exchange(recipient))
+    aes_key, mac_key, iv = derive_keys(_exchange(private, recipient))
     padder = padding.PKCS7(128).padder()
     padded = padder.update(plaintext) + padder.finalize()
     encryptor = Cipher(algorithms.AES(aes_key), modes.CBC(iv)).encryptor()
@@ -135,7 +156,7 @@ def decrypt(
         sender = X25519PublicKey.from_public_bytes(b64decode_any(ephemeral))
     except ValueError as exc:
         raise Msc3013Error("bad ephemeral key") from exc
-    aes_key, mac_key, iv = derive_keys(recipient.exchange(sender))
+    aes_key, mac_key, iv = derive_keys(_exchange(recipient, sender))
     body = b64decode_any(ciphertext)
     tag = b64decode_any(mac)
     modes_to_try: tuple[MacMode, ...] = (mac_mode,) if mac_mode else ("libolm", "ciphertext")

@@ -17,6 +17,7 @@ from plugins.matrix.validation import Device, Notification
 __all__ = [
     "APNS_LIMIT",
     "FCM_DATA_LIMIT",
+    "MAX_DEFAULT_PAYLOAD_DEPTH",
     "PayloadRejected",
     "apns_payload",
     "apns_priority",
@@ -32,6 +33,8 @@ APNS_LIMIT = 4096
 FCM_DATA_LIMIT = 4096
 MAX_FIELD_CHARS = 1024  # APNs: from/room display cut, in characters (Sygnal MAX_FIELD_LENGTH)
 MAX_FIELD_BYTES = 1024  # FCM: per-field limit in UTF-8 bytes (Sygnal MAX_BYTES_PER_FIELD)
+# Real default_payloads nest 2-4 levels; Sygnal's APNs path fails (500) a few hundred down.
+MAX_DEFAULT_PAYLOAD_DEPTH = 100
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -45,13 +48,39 @@ class PayloadRejected(Exception):
     """The pushkey is rejected without sending (bad default_payload, unfittable payload)."""
 
 
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON `value` nests objects/arrays more than `limit` levels (itself = 1).
+
+    Iterative, so any depth the decoder accepted can be measured."""
+    pending = [(value, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        pending.extend((child, depth + 1) for child in children)
+    return False
+
+
 def default_payload_of(device: Device) -> dict[str, Any] | None:
-    """The device's `default_payload` ({} when absent); raise when it is not an object."""
+    """The device's `default_payload` ({} when absent); raise when it is not an object
+    or nests more than MAX_DEFAULT_PAYLOAD_DEPTH levels.
+
+    The depth bound keeps every later copy and JSON encoding of the payload (here, in
+    build.py and in the core) far from the interpreter's recursion limit. Like a
+    non-object `default_payload`, it is pusher data the homeserver resends unchanged
+    with every notification, so the pushkey is rejected rather than the request
+    refused: a 400 would be retried for a day and block that pusher's later pushes.
+    """
     if device.data is None:
         return None
     value = device.data.get("default_payload", {})
     if not isinstance(value, dict):
         raise PayloadRejected("default_payload is not an object")
+    if nested_deeper_than(value, MAX_DEFAULT_PAYLOAD_DEPTH):
+        raise PayloadRejected("default_payload nested too deeply")
     return value
 
 

@@ -114,18 +114,43 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
+def _scrub_string(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+
+
 def _scrub_surrogates(value: Any) -> Any:
-    """Replace lone UTF-16 surrogates (from `\\udXXX` escapes) by U+FFFD, recursively."""
+    """Replace lone UTF-16 surrogates (from `\\udXXX` escapes) by U+FFFD in every string
+    and key, in place.
+
+    Iterative on purpose: the decoder accepts nesting as deep as the interpreter's
+    recursion limit allows at the call site, so a recursive walk could fail (a 500)
+    where parsing succeeded. The decoded value is fresh, so mutating it is safe.
+    """
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:
-            return _LONE_SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {_scrub_surrogates(k): _scrub_surrogates(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrub_surrogates(v) for v in value]
+        return _scrub_string(value)
+    pending = [value]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if any(_scrub_string(key) is not key for key in node):
+                items = list(node.items())
+                node.clear()
+                node.update((_scrub_string(key), child) for key, child in items)
+            for key, child in node.items():
+                if isinstance(child, str):
+                    node[key] = _scrub_string(child)
+                elif isinstance(child, (dict, list)):
+                    pending.append(child)
+        elif isinstance(node, list):
+            for index, child in enumerate(node):
+                if isinstance(child, str):
+                    node[index] = _scrub_string(child)
+                elif isinstance(child, (dict, list)):
+                    pending.append(child)
     return value
 
 

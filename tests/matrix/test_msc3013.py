@@ -8,7 +8,7 @@ from typing import Any
 import olm
 import pytest
 import vodozemac
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from plugins.matrix import msc3013
 from tests.matrix.conftest import VECTORS
@@ -118,3 +118,25 @@ def test_own_decoder_accepts_both_paddings_and_modes() -> None:
 def test_bad_public_keys(key: Any) -> None:
     with pytest.raises(msc3013.Msc3013Error):
         msc3013.decode_public_key(key)
+
+
+# Low-order Curve25519 points (zero, one, p-1, the two order-8 points, and the non-canonical
+# p and p+1), plus the zero key with the ignored top bit set: no shared secret with any key.
+_P = 2**255 - 19
+_ORDER_8 = "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"
+LOW_ORDER = [
+    *(u.to_bytes(32, "little") for u in (0, 1, _P - 1, _P, _P + 1, 1 << 255)),
+    bytes.fromhex(_ORDER_8),
+    bytes.fromhex("5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157"),
+]
+
+
+@pytest.mark.parametrize("raw", LOW_ORDER, ids=lambda raw: raw.hex()[:8])
+def test_low_order_public_keys_are_msc3013_errors(raw: bytes) -> None:
+    with pytest.raises(msc3013.Msc3013Error):
+        msc3013.decode_public_key(msc3013.b64encode(raw))
+    point = X25519PublicKey.from_public_bytes(raw)
+    with pytest.raises(msc3013.Msc3013Error):
+        msc3013.encrypt(b"hello", point)
+    with pytest.raises(msc3013.Msc3013Error):
+        msc3013.decrypt(X25519PrivateKey.generate(), msc3013.b64encode(raw), "AAAA", "AAAA")

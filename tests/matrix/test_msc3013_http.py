@@ -209,7 +209,14 @@ async def test_gateway_encrypt_shrinks_plaintext(post: Post, fcm: FcmSimulator) 
 
 
 @pytest.mark.parametrize(
-    "public_key", [None, "short", "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmoA"]
+    "public_key",
+    [
+        None,
+        "short",
+        "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmoA",
+        "A" * 43,  # 32 zero bytes: a low-order point, no shared secret (was a 500)
+        "4Ot6fDtBuK4WVuP68Z/EatoJjeucMrH9hmIFFl9JuAA",  # an order-8 point
+    ],
 )
 async def test_gateway_encrypt_bad_key_rejected(
     post: Post, apns: ApnsSimulator, fcm: FcmSimulator, public_key: Any

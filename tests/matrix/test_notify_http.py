@@ -247,6 +247,56 @@ async def test_undecodable_pushkey_and_bad_default_payload(
     assert not apns.requests and not fcm.requests
 
 
+async def test_raw_pushkey_that_is_not_a_hex_token_is_rejected(
+    make_gateway: Any, apns: ApnsSimulator
+) -> None:
+    # With convert_device_token_to_hex: false the pushkey is the token; one that cannot be
+    # an APNs device token used to reach the core, whose local refusal made the answer 502.
+    bad = ["abc/def", "ab cd", "", "xyz", "abc-def"]
+    good = "ABCDEF0123456789" * 4
+    async with make_gateway(ios={"convert_device_token_to_hex": False}) as gw:
+        body = notification([device(IOS, key) for key in [*bad, good]])
+        response = await gw.client.post(NOTIFY, json=body)
+        assert (response.status, await response.json()) == (200, {"rejected": bad})
+    assert [request.token for request in apns.requests] == [good]
+
+
+async def test_deeply_nested_default_payload_is_rejected(
+    post: Post, apns: ApnsSimulator, fcm: FcmSimulator
+) -> None:
+    # 600 levels used to raise RecursionError in copy.deepcopy on the APNs path (a 500).
+    deep = '{"a": ' * 600 + "1" + "}" * 600
+    keys = [apns_pushkey()[0], fcm_pushkey()]
+    data = {"default_payload": "DEEP"}
+    body = notification([device(IOS, keys[0], data=data), device(ANDROID, keys[1], data=data)])
+    raw = json.dumps(body).replace('"DEEP"', deep).encode()
+    assert await post(raw) == (200, {"rejected": keys})
+    assert not apns.requests and not fcm.requests
+
+
+async def test_lone_surrogate_in_a_deeply_nested_body(post: Post, fcm: FcmSimulator) -> None:
+    # 500 levels parse fine; scrubbing the lone surrogates used to recurse (a 500).
+    token = fcm_pushkey()
+    body = notification([device(ANDROID, token)], sender="\ud800", content="DEEP")
+    deep = '{"a": ' * 500 + '"\\ud800"' + "}" * 500
+    raw = json.dumps(body).replace('"DEEP"', deep).encode()
+    assert await post(raw) == (200, {"rejected": []})
+    assert fcm.requests_for(token)[0].message["data"]["sender"] == "\ufffd"
+
+
+async def test_internal_error_is_an_empty_500(
+    gw: GatewayHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("plugins.matrix.handler.plan", broken)
+    response = await gw.client.post(NOTIFY, json=notification([device(IOS, apns_pushkey()[0])]))
+    assert (response.status, await response.read()) == (500, b"")  # matrix.md §1.2
+    text = await (await gw.client.get("/metrics")).text()
+    assert 'sygnal_pushgateway_status_codes_total{code="500"} 1.0' in text
+
+
 # --- payload shapes ---------------------------------------------------------------------
 
 

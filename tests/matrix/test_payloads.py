@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plugins.matrix.payloads import (
+    MAX_DEFAULT_PAYLOAD_DEPTH,
     PayloadRejected,
     apns_payload,
     encode,
@@ -18,6 +19,7 @@ from plugins.matrix.payloads import (
     fcm_message,
     fit_apns,
     fit_fcm_data,
+    nested_deeper_than,
     truncate_bytes,
 )
 from plugins.matrix.validation import Device, parse_notification
@@ -215,6 +217,29 @@ def test_default_payload_not_an_object_is_rejected() -> None:
         apns_payload(notif(**MSG), dev({"default_payload": [1]}))
     with pytest.raises(PayloadRejected):
         fcm_data(notif(**MSG, event_id="$e"), dev({"default_payload": "x"}))
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    """A default_payload `levels` objects deep ({"aps": {}} is two)."""
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+def test_default_payload_nested_too_deeply_is_rejected() -> None:
+    fits = dev({"default_payload": _nested(MAX_DEFAULT_PAYLOAD_DEPTH)})
+    assert apns_payload(notif(**MSG), fits) is not None
+    assert fcm_data(notif(**MSG, event_id="$e"), fits) is not None
+    # 600 levels: copy.deepcopy used to raise RecursionError (a 500).
+    for levels in (MAX_DEFAULT_PAYLOAD_DEPTH + 1, 600):
+        too_deep = dev({"default_payload": _nested(levels)})
+        with pytest.raises(PayloadRejected):
+            apns_payload(notif(**MSG), too_deep)
+        with pytest.raises(PayloadRejected):
+            fcm_data(notif(**MSG, event_id="$e"), too_deep)
+    listed = {"a": [[[]]], "b": 1}  # four levels: arrays count too
+    assert not nested_deeper_than(listed, 4) and nested_deeper_than(listed, 3)
 
 
 def test_sound_divergence() -> None:

@@ -141,6 +141,20 @@ def test_lone_surrogates_become_replacement_characters() -> None:
     assert n.room_name == "x\ufffdy"
 
 
+def test_lone_surrogates_scrubbed_at_any_accepted_depth() -> None:
+    # 500 levels parse fine; the scrub used to recurse and raise RecursionError (a 500).
+    deep = '{"k\\udc00": ' * 500 + '["\\ud800"]' + "}" * 500
+    head = b'{"notification": {"devices": [{"app_id": "a", "pushkey": "k"}], "sender": "\\ud800"'
+    raw = head + b', "content": ' + deep.encode() + b"}}"
+    n = parse_notify(raw)
+    assert n.sender == "\ufffd"
+    node: Any = n.content
+    for _ in range(499):
+        assert list(node) == ["k\ufffd"]
+        node = node["k\ufffd"]
+    assert node == {"k\ufffd": ["\ufffd"]}
+
+
 def test_deep_nesting_is_a_400() -> None:
     raw = b'{"notification": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     assert error_of(raw) == "Expected JSON request body"
