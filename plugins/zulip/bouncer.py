@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 import uuid as uuidlib
@@ -54,16 +53,20 @@ from plugins.zulip.repo import DbRow
 from plugins.zulip.validation import (
     APNS,
     FCM,
+    INT32,
     ApnsPushRequest,
     FcmPushRequest,
     LegacyIdentity,
     Params,
+    check_int_range,
+    check_text,
     check_token_id,
     is_int,
     json_field,
     legacy_identity,
     optional_int,
     parse_e2ee_notify,
+    parse_json,
     parse_registration_plaintext,
     required,
     validate_email,
@@ -89,7 +92,11 @@ AuthedHandler = Callable[[web.Request, DbRow], Awaitable[web.StreamResponse]]
 
 
 async def read_form(request: web.Request, max_size: int | None = None) -> dict[str, str]:
-    """Query and form fields (form wins); a non-form body gives no fields."""
+    """Query and form fields (form wins); a non-form body gives no fields.
+
+    An unknown `charset`, undecodable bytes, or text that is not valid Unicode (lone
+    surrogates, which a `charset` such as `unicode_escape` can produce) is 400.
+    """
     params: dict[str, str] = dict(request.query)
     if request.method == "POST" and request.content_type in FORM_TYPES:
         source = request.clone(client_max_size=max_size) if max_size else request
@@ -97,11 +104,15 @@ async def read_form(request: web.Request, max_size: int | None = None) -> dict[s
             data = await source.post()
         except web.HTTPRequestEntityTooLarge:
             raise ZulipError("Request body too large", status=413) from None
-        except (ValueError, UnicodeDecodeError, AssertionError):
+        except (ValueError, LookupError, AssertionError):  # ValueError: UnicodeError too
             raise ZulipError("Malformed form body") from None
         for key, value in data.items():
             if isinstance(value, str):
                 params[key] = value
+    try:
+        check_text(params)
+    except ValueError:
+        raise ZulipError("Malformed form body") from None
     return params
 
 
@@ -111,8 +122,8 @@ async def read_json(request: web.Request) -> Any:
     except web.HTTPRequestEntityTooLarge:
         raise ZulipError("Request body too large", status=413) from None
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
+        return parse_json(raw)
+    except ValueError:
         raise ZulipError("Malformed JSON") from None
 
 
@@ -122,7 +133,7 @@ def _json_text(params: Params, name: str) -> str | None:
     if raw is None:
         return None
     try:
-        value = json.loads(raw)
+        value = parse_json(raw)
     except ValueError:
         value = raw
     if value is None:
@@ -139,7 +150,7 @@ def _max_row_id(rows: Any, name: str) -> int:
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not is_int(row.get("id")):
             raise ZulipError(f"{name}[{i}] is not a valid row")
-        best = max(best, row["id"])
+        best = max(best, check_int_range(row["id"], f'{name}[{i}]["id"]'))
     return best
 
 
@@ -167,8 +178,10 @@ def _realm_infos(raw: Any) -> list[repo.RealmInfo]:
             raise ZulipError(f"{where}.host is not valid")
         if not isinstance(name, str):
             raise ZulipError(f"{where}.name is not a string")
-        if org_type is not None and not is_int(org_type):
-            raise ZulipError(f"{where}.org_type is not an integer")
+        if org_type is not None:
+            if not is_int(org_type):
+                raise ZulipError(f"{where}.org_type is not an integer")
+            check_int_range(org_type, f"{where}.org_type", INT32)
         if not isinstance(deactivated, bool) or not isinstance(system_bot, bool):
             raise ZulipError(f"{where}: deactivated / is_system_bot_realm are not booleans")
         infos[str(parsed)] = repo.RealmInfo(
@@ -376,7 +389,7 @@ class Bouncer:
         meta = {
             "version": _json_text(params, "version"),
             "merge_base": _json_text(params, "merge_base"),
-            "api_feature_level": optional_int(params, "api_feature_level"),
+            "api_feature_level": optional_int(params, "api_feature_level", INT32),
         }
         async with self.engine.begin() as conn:
             if await repo.realms_of_other_servers(conn, server.id, (i.uuid for i in infos)):
@@ -663,8 +676,10 @@ class Bouncer:
             raise ZulipError("Malformed JSON")
         user_id = body.get("user_id")
         user_uuid = body.get("user_uuid")
-        if user_id is not None and not is_int(user_id):
-            raise ZulipError("user_id is not an integer")
+        if user_id is not None:
+            if not is_int(user_id):
+                raise ZulipError("user_id is not an integer")
+            check_int_range(user_id, "user_id")
         if user_uuid is not None and not isinstance(user_uuid, str):
             raise ZulipError("user_uuid is not a string")
         realm_uuid = body.get("realm_uuid")
@@ -697,15 +712,20 @@ class Bouncer:
                     )
                 raise push_disallowed(_disabled_reason(server, realm))
             targets: list[DbRow] = []
+            redundant: list[int] = []
             if has_identity:
                 rows = await repo.legacy_user_devices(
                     conn, server_id=server.id, user_id=user_id, user_uuid=user_uuid
                 )
                 targets, redundant = _dedupe_legacy(rows)
-                await repo.delete_legacy_ids(conn, redundant)
-        android = [r for r in targets if r.kind == FCM]
-        apple = [r for r in targets if r.kind == APNS]
-        priority = validate_gcm_options(gcm_options, gcm_payload.get("event")) if android else ""
+            android = [r for r in targets if r.kind == FCM]
+            apple = [r for r in targets if r.kind == APNS]
+            # Before any write: a 400 here rolls the transaction back. (Zulip's bouncer
+            # deletes the duplicate registrations first, then rejects the options.)
+            priority = (
+                validate_gcm_options(gcm_options, gcm_payload.get("event")) if android else ""
+            )
+            await repo.delete_legacy_ids(conn, redundant)
         tasks: list[asyncio.Task[Receipt | None]] = []
         expiration = int(time.time()) + LEGACY_APNS_EXPIRATION
         for row in apple:

@@ -91,6 +91,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
 # --- helpers ---------------------------------------------------------------------------
 
 
+MAX_REASON_LEN = 255
+"""The `disabled_reason` columns' length (PostgreSQL enforces it)."""
+
+
 def _fail(message: str) -> int:
     print(f"pushgw zulip: {message}", file=sys.stderr)
     return 1
@@ -207,6 +211,8 @@ async def _set_disabled(
     args: argparse.Namespace, command_context: CommandContext, disabled: bool
 ) -> int:
     reason = getattr(args, "reason", None)
+    if reason is not None and len(reason) > MAX_REASON_LEN:
+        return _fail(f"--reason is too long (limit: {MAX_REASON_LEN} characters)")
     async with open_store(command_context) as (engine, _loaded), engine.begin() as conn:
         if args.server:
             found = await repo.set_server_disabled(conn, args.server, disabled, reason)

@@ -21,14 +21,19 @@ from plugins.zulip.errors import ZulipError, invalid_registration, missing_argum
 __all__ = [
     "APNS",
     "FCM",
+    "INT32",
+    "INT64",
     "ApnsPushRequest",
     "E2eeNotify",
     "E2eeRegistration",
     "FcmPushRequest",
     "LegacyIdentity",
     "Params",
+    "check_int_range",
+    "check_text",
     "json_field",
     "parse_e2ee_notify",
+    "parse_json",
     "parse_registration_plaintext",
     "validate_apns_token",
     "validate_email",
@@ -54,6 +59,54 @@ _IOS_APP_ID = re.compile(r"[.a-zA-Z0-9-]+")
 _UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 _EMAIL_LOCAL = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+")
+INT32 = (-(2**31), 2**31 - 1)
+"""The range of an `Integer` column (PostgreSQL `integer`)."""
+INT64 = (-(2**63), 2**63 - 1)
+"""The range of a `BigInteger` column, and of every integer SQLite can bind."""
+EMAIL_MAX_LEN = 254
+"""RFC 5321's limit on an address (the `contact_email` column holds 255)."""
+MAX_APP_ID_LEN = 255
+
+
+# --- JSON and text -------------------------------------------------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_text(value: Any) -> None:
+    """Raise `ValueError` unless every string in `value` (keys included) encodes as UTF-8.
+
+    JSON escapes can produce lone surrogates (`"\\ud800"`), which no database, hash or
+    provider accepts. Iterative, so that nesting depth cannot exhaust the stack.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                item.encode("utf-8")  # UnicodeEncodeError is a ValueError
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def parse_json(raw: str | bytes) -> Any:
+    """Strict JSON as Zulip's bouncer (orjson) reads it, else `ValueError`.
+
+    Bytes must be UTF-8; `NaN`/`Infinity` and lone surrogates are refused; nesting too
+    deep for the parser is a `ValueError` too, never a `RecursionError`.
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        value = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    check_text(value)
+    return value
 
 
 # --- generic field access ------------------------------------------------------------
@@ -74,8 +127,8 @@ def json_field(params: Params, name: str, default: Any = ..., *, kind: type | No
             raise missing_argument(name)
         return default
     try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
+        value = parse_json(raw)
+    except ValueError:
         raise ZulipError(f'Argument "{name}" is not valid JSON.') from None
     if kind is not None and not _is(value, kind):
         raise ZulipError(f"{name} is not {_KIND_NAMES.get(kind, 'valid')}")
@@ -95,11 +148,22 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def optional_int(params: Params, name: str) -> int | None:
+def check_int_range(value: int, name: str, bounds: tuple[int, int] = INT64) -> int:
+    """Zulip's messages for an integer out of the column's range (a 400, not a DB error)."""
+    if value < bounds[0]:
+        raise ZulipError(f"{name} is too small")
+    if value > bounds[1]:
+        raise ZulipError(f"{name} is too large")
+    return value
+
+
+def optional_int(params: Params, name: str, bounds: tuple[int, int] = INT64) -> int | None:
     value = json_field(params, name, None)
-    if value is not None and not is_int(value):
+    if value is None:
+        return None
+    if not is_int(value):
         raise ZulipError(f"{name} is not an integer")
-    return value  # type: ignore[no-any-return]
+    return check_int_range(value, name, bounds)
 
 
 # --- server registration -----------------------------------------------------------
@@ -159,12 +223,18 @@ def validate_email(email: str) -> str:
             or not all(_HOST_LABEL.fullmatch(label) for label in domain.split("."))
         ):
             reason = "The domain name is not valid."
+        elif len(email) > EMAIL_MAX_LEN:
+            reason = f"The email address is too long ({_too_many(len(email) - EMAIL_MAX_LEN)})."
     if reason is not None:
         raise ZulipError(
             f"Invalid server administrator email address: {reason}",
             data={"email_reason": reason},
         )
     return email
+
+
+def _too_many(n: int) -> str:
+    return f"{n} character{'s' if n != 1 else ''} too many"
 
 
 # --- E2EE registration ---------------------------------------------------------------
@@ -186,8 +256,8 @@ class E2eeRegistration:
 def parse_registration_plaintext(plaintext: bytes) -> E2eeRegistration:
     """Step 4 of §5.1; any problem is 400 `Invalid encrypted_push_registration`."""
     try:
-        data = json.loads(plaintext.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        data = parse_json(plaintext)
+    except ValueError:
         raise invalid_registration() from None
     if not isinstance(data, dict):
         raise invalid_registration()
@@ -197,9 +267,13 @@ def parse_registration_plaintext(plaintext: bytes) -> E2eeRegistration:
     timestamp = data.get("timestamp")
     if not isinstance(token, str) or not 1 <= len(token) <= MAX_TOKEN_LEN:
         raise invalid_registration()
-    if not is_int(timestamp):
+    if not isinstance(timestamp, int) or isinstance(timestamp, bool):
         raise invalid_registration()
-    if ios_app_id is not None and not isinstance(ios_app_id, str):
+    if not INT64[0] <= timestamp <= INT64[1]:  # beyond, `time.time() - timestamp` overflows
+        raise invalid_registration()
+    if ios_app_id is not None and (
+        not isinstance(ios_app_id, str) or len(ios_app_id) > MAX_APP_ID_LEN
+    ):
         raise invalid_registration()
     if kind == "apns":
         if len(token) % 2 or not _HEX.fullmatch(token):
@@ -344,8 +418,10 @@ class LegacyIdentity:
 
 
 def legacy_identity(user_id: Any, user_uuid: Any) -> LegacyIdentity:
-    if user_id is not None and not is_int(user_id):
-        raise _bad("user_id is not an integer")
+    if user_id is not None:
+        if not is_int(user_id):
+            raise _bad("user_id is not an integer")
+        check_int_range(user_id, "user_id")
     if user_uuid is not None and not isinstance(user_uuid, str):
         raise _bad("user_uuid is not a string")
     if user_id is None and user_uuid is None:

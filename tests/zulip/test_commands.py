@@ -122,6 +122,21 @@ def test_add_server_disable_and_servers(config: Path, capsys: pytest.CaptureFixt
     assert "zulip.example.org" in capsys.readouterr().out
 
 
+def test_disable_reason_too_long(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`disabled_reason` is VARCHAR(255): a longer reason is refused, nothing changes."""
+    org_id = str(uuid.uuid4())
+    base = ["-c", str(config), "zulip"]
+    add = ["add-server", "--uuid", org_id, "--hostname", "z.example.org", "--email", "a@b.org"]
+    assert main([*base, *add]) == 0
+    capsys.readouterr()
+    assert main([*base, "disable", "--server", org_id, "--reason", "x" * 256]) == 1
+    assert "--reason is too long (limit: 255 characters)" in capsys.readouterr().err
+    assert _query(config, select(servers.c.push_disabled).where(servers.c.uuid == org_id)) == [
+        (False,)
+    ]
+    assert main([*base, "disable", "--server", org_id, "--reason", "x" * 255]) == 0
+
+
 def test_gc(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     org_id = str(uuid.uuid4())
     assert (

@@ -17,9 +17,13 @@ from plugins.zulip.payloads import (
     truncate_remove,
 )
 from plugins.zulip.validation import (
+    INT32,
+    check_int_range,
+    check_text,
     check_token_id,
     json_field,
     parse_e2ee_notify,
+    parse_json,
     parse_registration_plaintext,
     validate_email,
     validate_gcm_options,
@@ -272,3 +276,40 @@ def test_payload_builders() -> None:
     assert apns["zulip"]["event"] == "test"
     fcm = fcm_test_message({"realm_name": "R"}, 123)
     assert fcm["data"]["time"] == "123" and fcm["android"]["priority"] == "high"
+
+
+def test_parse_json_is_strict() -> None:
+    assert parse_json(b'{"a": ["\\u00e9", "\\ud83d\\ude00"]}') == {"a": ["\u00e9", "\U0001f600"]}
+    bad = [
+        b'"\\ud800"',  # lone high surrogate
+        b'"\\udc00x"',  # lone low surrogate
+        b'{"\\ud800": 1}',  # in a key
+        b'"\xed\xa0\x80"',  # a surrogate encoded as UTF-8
+        b"\xff",
+        '"x"'.encode("utf-16"),
+        b"NaN",
+        b"[-Infinity]",
+        b"[" * 100_000 + b"]" * 100_000,
+    ]
+    for raw in bad:
+        with pytest.raises(ValueError):
+            parse_json(raw)
+
+
+def test_check_text_is_iterative() -> None:
+    deep: list = ["\ud800"]
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError):
+        check_text(deep)
+    check_text({"ok": [{"\u00e9": "\U0001f600"}]})
+
+
+def test_check_int_range() -> None:
+    assert check_int_range(2**63 - 1, "x") == 2**63 - 1
+    assert check_int_range(-(2**31), "x", INT32) == -(2**31)
+    for value, msg in ((2**63, "x is too large"), (-(2**63) - 1, "x is too small")):
+        with pytest.raises(ZulipError, match=msg):
+            check_int_range(value, "x")
+    with pytest.raises(ZulipError, match="x is too large"):
+        check_int_range(2**31, "x", INT32)
