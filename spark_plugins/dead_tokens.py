@@ -33,9 +33,16 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.jobs import JobOption, JobResult, SparkJob, with_sql_conf
+from spark_plugins.jobs import (
+    JAVA_INT_MAX,
+    JobOption,
+    JobResult,
+    OptionError,
+    SparkJob,
+    with_sql_conf,
+)
 from spark_plugins.output import ensure_dir, join, write_result, write_single
-from spark_plugins.reader import read_receipts, report_bad_input
+from spark_plugins.reader import STATUSES, read_receipts, report_bad_input
 from spark_plugins.session import BYPASS_PARTIAL_AGGREGATION, OBJECT_HASH_GROUPS
 
 if TYPE_CHECKING:
@@ -46,21 +53,71 @@ FILE = "dead-tokens.jsonl"
 STREAK_REASON = "consecutive_transient_failures"
 FIELDS = ("plugin", "app_id", "provider", "token_hash", "reason", "failures", "last_seen")
 
+# what a status option may name: the documented statuses, except the success (an `ok`
+# receipt is what ends a failure streak and revives a token)
+FAILURE_STATUSES = tuple(s for s in STATUSES if s != "ok")
+
 OPTIONS = (
-    JobOption("permanent_statuses", tuple, ("token_invalid",), "statuses that retire at once"),
-    JobOption("transient_statuses", tuple, ("transient",), "statuses counted in a streak"),
-    JobOption("transient_failures", int, 5, "N: consecutive transient failures that retire"),
-    JobOption("window_hours", float, 168.0, "streak failures counted in this trailing window"),
-    JobOption("min_span_hours", float, 24.0, "a streak must span at least this long"),
-    JobOption("now", float, None, "end of the window, unix seconds (default: newest receipt)"),
-    JobOption("max_bad_lines", int, 100, "bad receipt lines reported with file and line"),
+    JobOption(
+        "permanent_statuses",
+        tuple,
+        ("token_invalid",),
+        "statuses that retire at once",
+        choices=FAILURE_STATUSES,
+    ),
+    JobOption(
+        "transient_statuses",
+        tuple,
+        ("transient",),
+        "statuses counted in a streak",
+        choices=FAILURE_STATUSES,
+    ),
+    JobOption(
+        "transient_failures", int, 5, "N: consecutive transient failures that retire", minimum=1
+    ),
+    JobOption(
+        "window_hours",
+        float,
+        168.0,
+        "streak failures counted in this trailing window",
+        exclusive_minimum=0,
+    ),
+    JobOption("min_span_hours", float, 24.0, "a streak must span at least this long", minimum=0),
+    JobOption(
+        "now",
+        float,
+        None,
+        "end of the window, unix seconds (default: newest receipt)",
+        minimum=0,
+    ),
+    JobOption(
+        "max_bad_lines",
+        int,
+        100,
+        "bad receipt lines reported with file and line (0: counted only)",
+        minimum=0,
+        maximum=JAVA_INT_MAX,
+    ),
     JobOption(
         "hash_groups",
         int,
         200_000,
         "tokens a task aggregates in memory before sorting (objectHashAggregate fallback)",
+        minimum=1,
+        maximum=JAVA_INT_MAX,
     ),
 )
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """A streak lies inside the window: one that must span longer could never retire."""
+    span, window = float(options["min_span_hours"]), float(options["window_hours"])
+    if span > window:
+        raise OptionError(
+            f"min_span_hours ({span:g}) is longer than window_hours ({window:g}): "
+            "no streak could retire a token"
+        )
+
 
 KEYS = ("plugin", "app_id", "provider", "token_hash")
 
@@ -192,4 +249,5 @@ JOB = SparkJob(
     run=run,
     options=OPTIONS,
     submit_script="dead_tokens.py",
+    check=check_options,
 )

@@ -36,7 +36,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.jobs import JobOption, JobResult, OptionError, SparkJob, with_sql_conf
+from spark_plugins.jobs import (
+    JAVA_INT_MAX,
+    JobOption,
+    JobResult,
+    OptionError,
+    SparkJob,
+    with_sql_conf,
+)
 from spark_plugins.output import (
     ensure_dir,
     join,
@@ -55,17 +62,46 @@ GROUP = ("plugin", "provider", "app_id")
 QUANTILES = (0.5, 0.95, 0.99)
 
 OPTIONS = (
-    JobOption("percentiles", str, "sketch", "sketch (KLL, one pass), exact, or approx"),
-    JobOption("sketch_k", int, 1000, "KLL sketch size k when percentiles=sketch"),
-    JobOption("accuracy", int, 10000, "percentile_approx accuracy when percentiles=approx"),
+    JobOption(
+        "percentiles",
+        str,
+        "sketch",
+        "sketch (KLL, one pass), exact, or approx",
+        choices=("sketch", "exact", "approx"),
+    ),
+    JobOption(
+        "sketch_k",
+        int,
+        1000,
+        "KLL sketch size k when percentiles=sketch",
+        minimum=8,  # kll_sketch_agg_double's range
+        maximum=65535,
+    ),
+    JobOption(
+        "accuracy",
+        int,
+        10000,
+        "percentile_approx accuracy when percentiles=approx",
+        minimum=1,
+        maximum=JAVA_INT_MAX,
+    ),
     JobOption(
         "hash_groups",
         int,
         100_000,
         "groups a task aggregates in memory before sorting (objectHashAggregate fallback)",
+        minimum=1,
+        maximum=JAVA_INT_MAX,
     ),
     JobOption("chart", bool, True, "draw chart.png and index.html"),
-    JobOption("max_bad_lines", int, 100, "bad receipt lines reported with file and line"),
+    JobOption(
+        "max_bad_lines",
+        int,
+        100,
+        "bad receipt lines reported with file and line (0: counted only)",
+        minimum=0,
+        maximum=JAVA_INT_MAX,
+    ),
 )
 
 
@@ -85,8 +121,8 @@ def _latency_aggs(options: Mapping[str, Any]) -> list[Column]:
         pct = F.percentile(F.col("latency_ms"), quantiles)
     elif mode == "approx":
         pct = F.percentile_approx(F.col("latency_ms"), quantiles, int(options["accuracy"]))
-    else:
-        raise OptionError(f"option percentiles: exact or approx, not {mode!r}")
+    else:  # the option's choices rule this out for resolved options
+        raise OptionError(f"option percentiles: exact or approx here, not {mode!r}")
     return [
         pct.alias("_pct"),
         F.avg("latency_ms").alias("latency_mean"),

@@ -8,16 +8,20 @@ parsing their options works without Spark installed; only `SparkJob.run` needs i
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+JAVA_INT_MAX = 2**31 - 1  # `maximum` of an option Spark takes as a Java int
+
+
 class OptionError(ValueError):
-    """An unknown job option or a value of the wrong type (CLI exit status 2)."""
+    """An unknown job option or a value it does not accept (CLI exit status 2)."""
 
 
 def _parse_bool(text: str) -> bool:
@@ -26,7 +30,24 @@ def _parse_bool(text: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"not a boolean: {text!r}")
+    raise ValueError(f"not a boolean (true/false, yes/no, on/off, 1/0): {text!r}")
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"not an integer: {text!r}") from None
+
+
+def _parse_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+    if math.isnan(value):
+        raise ValueError(f"not a number: {text!r}")
+    return value
 
 
 def _parse_list(text: str) -> tuple[str, ...]:
@@ -34,12 +55,17 @@ def _parse_list(text: str) -> tuple[str, ...]:
 
 
 _PARSERS: dict[type, Callable[[str], Any]] = {
-    int: int,
-    float: float,
+    int: _parse_int,
+    float: _parse_float,
     str: str,
     bool: _parse_bool,
     tuple: _parse_list,
 }
+
+
+def _number(value: float) -> str:
+    """`3.0` -> `3`, `0.5` -> `0.5`: bounds as people write them."""
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 @dataclass(frozen=True)
@@ -49,18 +75,93 @@ class JobOption:
     `type` is one of `int`, `float`, `str`, `bool` or `tuple` (a comma-separated list
     of strings); `default` is the value used when the option is not given (None means
     "not set", which the job interprets, e.g. "use the end of the data").
+
+    What the option accepts (all optional, keyword-only; `validate` checks them, and
+    `SparkJob.resolve_options` runs it on every value before Spark starts):
+
+    - `choices`: the allowed values; for a `tuple` option, the allowed items.
+    - `minimum` / `maximum`: inclusive bounds of an `int` or `float` option;
+      `exclusive_minimum`: a bound the value must be greater than (`> 0`).
+    - `check(value)`: anything else; raises `ValueError` (or `OptionError`) whose message
+      says what is wrong, e.g. "duplicate column 'plugin'".
+
+    A float option never accepts NaN.
     """
 
     name: str
     type: type
     default: Any
     help: str
+    _: KW_ONLY
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: float | None = None
+    check: Callable[[Any], object] | None = None
 
     def parse(self, text: str) -> Any:
+        """`text` as this option's type, validated."""
         try:
-            return _PARSERS[self.type](text)
-        except (ValueError, KeyError) as exc:
+            value = _PARSERS[self.type](text)
+        except KeyError:
+            raise OptionError(f"option {self.name}: unsupported type {self.type!r}") from None
+        except ValueError as exc:
             raise OptionError(f"option {self.name}: {exc}") from None
+        return self.validate(value)
+
+    def validate(self, value: Any) -> Any:
+        """`value` if this option accepts it (its choices, bounds and check), else `OptionError`.
+
+        None is accepted when the default is None ("not set").
+        """
+        if value is None:
+            if self.default is None:
+                return None
+            raise OptionError(f"option {self.name}: a value is required")
+        if self.type is tuple and isinstance(value, list):
+            value = tuple(value)
+        items = value if self.type is tuple and isinstance(value, tuple) else (value,)
+        for item in items:
+            if self.choices and item not in self.choices:
+                allowed = ", ".join(str(c) for c in self.choices)
+                raise OptionError(f"option {self.name}: {item!r} is not one of {allowed}")
+            if self.type in (int, float) and isinstance(item, int | float):
+                self._check_bounds(item)
+        if self.check is not None:
+            try:
+                self.check(value)
+            except OptionError:
+                raise
+            except ValueError as exc:
+                raise OptionError(f"option {self.name}: {exc}") from None
+        return value
+
+    def _check_bounds(self, value: float) -> None:
+        if isinstance(value, float) and math.isnan(value):
+            raise OptionError(f"option {self.name}: not a number: {value!r}")
+        wrong = None
+        if self.minimum is not None and value < self.minimum:
+            wrong = f">= {_number(self.minimum)}"
+        elif self.exclusive_minimum is not None and value <= self.exclusive_minimum:
+            wrong = f"> {_number(self.exclusive_minimum)}"
+        elif self.maximum is not None and value > self.maximum:
+            wrong = f"<= {_number(self.maximum)}"
+        if wrong:
+            raise OptionError(f"option {self.name}: must be {wrong}, not {value}")
+
+    def accepts(self) -> str:
+        """What the option accepts, for `pushgw spark list`: `sketch|exact|approx`,
+        `>= 1`, `> 0, <= 1`...; empty when anything of its type goes."""
+        parts = []
+        if self.choices:
+            parts.append("|".join(str(c) for c in self.choices))
+        if self.minimum is not None:
+            parts.append(f">= {_number(self.minimum)}")
+        if self.exclusive_minimum is not None:
+            parts.append(f"> {_number(self.exclusive_minimum)}")
+        if self.maximum is not None:
+            parts.append(f"<= {_number(self.maximum)}")
+        return ", ".join(parts)
 
 
 @dataclass
@@ -151,6 +252,9 @@ class SparkJob:
       `options` holds every declared option, defaults filled in (see `resolve_options`).
     - `options`: the declared `JobOption`s.
     - `submit_script`: the plain `spark-submit` entry script of the job, if it ships one.
+    - `check(options)`: optional, for rules between options (each option's own rules are
+      in its `JobOption`); called with the resolved options, raises `ValueError` (or
+      `OptionError`) saying what is wrong.
     """
 
     name: str
@@ -158,6 +262,8 @@ class SparkJob:
     run: RunFn
     options: tuple[JobOption, ...] = ()
     submit_script: str | None = None
+    _: KW_ONLY
+    check: Callable[[Mapping[str, Any]], object] | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {opt.name: opt.default for opt in self.options}
@@ -165,7 +271,9 @@ class SparkJob:
     def resolve_options(self, given: Mapping[str, Any] | Iterable[str] = ()) -> dict[str, Any]:
         """Defaults overlaid with `given` (a mapping, or `k=v` strings from the command line).
 
-        String values are parsed with the option's type; unknown names raise `OptionError`.
+        String values are parsed with the option's type; every value (defaults too) is
+        validated (`JobOption.validate`), then the job's `check`. Unknown names and values
+        an option does not accept raise `OptionError`, naming the job.
         """
         by_name = {opt.name: opt for opt in self.options}
         pairs: list[tuple[str, Any]] = []
@@ -183,7 +291,17 @@ class SparkJob:
             if opt is None:
                 known = ", ".join(sorted(by_name)) or "none"
                 raise OptionError(f"job {self.name}: unknown option {key!r} (known: {known})")
-            resolved[key] = opt.parse(value) if isinstance(value, str) else value
+            try:
+                resolved[key] = opt.parse(value) if isinstance(value, str) else value
+            except OptionError as exc:
+                raise OptionError(f"job {self.name}: {exc}") from None
+        try:
+            for opt in self.options:
+                resolved[opt.name] = opt.validate(resolved[opt.name])
+            if self.check is not None:
+                self.check(resolved)
+        except ValueError as exc:  # OptionError included
+            raise OptionError(f"job {self.name}: {exc}") from None
         return resolved
 
 

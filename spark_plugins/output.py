@@ -41,6 +41,34 @@ def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
     return jpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), jpath
 
 
+def out_problem(path: str) -> str | None:
+    """What keeps a local output directory from being written, or None.
+
+    It must be a directory, or not exist yet: then its nearest existing ancestor must be
+    a directory that can be written (`ensure_dir` creates the rest). None for a Hadoop
+    URI, which only Spark can look at.
+    """
+    if not is_local(path):
+        return None
+    local = os.path.abspath(_local(path))
+    if os.path.lexists(local) and not os.path.exists(local):
+        return f"output path is a broken symbolic link: {path}"
+    if os.path.exists(local):
+        if not os.path.isdir(local):
+            return f"output path exists and is not a directory: {path}"
+        if not os.access(local, os.W_OK | os.X_OK):
+            return f"output directory is not writable: {path}"
+        return None
+    parent = os.path.dirname(local)
+    while not os.path.exists(parent) and parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"output directory cannot be created: {parent} is not a directory ({path})"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"output directory cannot be created: {parent} is not writable ({path})"
+    return None
+
+
 def ensure_dir(spark: SparkSession, path: str) -> None:
     if is_local(path):
         os.makedirs(_local(path), exist_ok=True)

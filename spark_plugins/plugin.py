@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.api import hookimpl
 from spark_plugins.builtin import BUILTIN_JOBS
-from spark_plugins.jobs import OptionError, SparkJob
+from spark_plugins.jobs import JobOption, OptionError, SparkJob
 
 
 @hookimpl
@@ -78,7 +78,9 @@ def list_command(args: argparse.Namespace, command_context: Any) -> int:
         print(f"{job.name}\n    {job.description}")
         for opt in job.options:
             default = ",".join(opt.default) if isinstance(opt.default, tuple) else opt.default
-            print(f"    --option {opt.name}={default}  ({opt.type.__name__}) {opt.help}")
+            accepts = opt.accepts() if isinstance(opt, JobOption) else ""
+            kind = f"{opt.type.__name__}: {accepts}" if accepts else opt.type.__name__
+            print(f"    --option {opt.name}={default}  ({kind}) {opt.help}")
     return 0
 
 

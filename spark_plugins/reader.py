@@ -82,6 +82,21 @@ def _local(path: str) -> str:
     return unquote(urlparse(path).path) if path.startswith("file:") else path
 
 
+def receipts_problem(path: str) -> str | None:
+    """What is wrong with a local receipts directory (missing, not a directory, not
+    readable), or None; None for a Hadoop URI, which only Spark can look at."""
+    if not is_local(path):
+        return None
+    local = _local(path)
+    if not os.path.exists(local):
+        return f"receipts directory not found: {path}"
+    if not os.path.isdir(local):
+        return f"receipts path is not a directory: {path}"
+    if not os.access(local, os.R_OK | os.X_OK):
+        return f"receipts directory is not readable: {path}"
+    return None
+
+
 @dataclass
 class Receipts:
     """The valid receipts of a directory (`df`) and, after a first action on it, `stats()`."""
@@ -168,13 +183,15 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
     """The receipts under `path` (a directory; local path or Hadoop URI).
 
     An empty directory (or one with no `*.jsonl` / `*.parquet` file) gives an empty
-    DataFrame; a missing local directory raises `FileNotFoundError`.
+    DataFrame; a local path that is missing or no directory raises `FileNotFoundError`
+    (`pushgw spark run` reports that before Spark starts: `receipts_problem`).
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    if is_local(path) and not os.path.isdir(_local(path)):
-        raise FileNotFoundError(f"receipts directory not found: {path}")
+    problem = receipts_problem(path)
+    if problem:
+        raise FileNotFoundError(problem)
 
     parts: list[DataFrame] = []
     files: list[str] = []

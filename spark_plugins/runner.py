@@ -7,19 +7,28 @@ against 99-113 s as three runs). Each job writes into the same `--out`, exactly 
 separate runs would.
 
 Exit statuses: 0 done; 1 a job failed (the others still ran); 2 usage or environment
-error (unknown job or option, missing receipts directory, pyspark or Java 17 missing),
-found before any job starts except for a missing receipts directory.
+error: unknown job or option, an option value the option does not accept (its choices,
+bounds, checks: `JobOption`), a local receipts directory that is missing or not a
+directory, a local `--out` that cannot be a directory, pyspark or Java 17 missing. All of
+these are found before Spark starts (under spark-submit: before any job runs) and before
+anything is written; only what needs Spark to see (`hdfs://`, `s3a://`... paths) is left
+to the jobs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from spark_plugins.jobs import JobResult, OptionError, SparkJob, collect_jobs
+from spark_plugins.output import _local as local_out
+from spark_plugins.output import out_problem
+from spark_plugins.reader import _local as local_receipts
+from spark_plugins.reader import is_local, receipts_problem
 from spark_plugins.session import get_session, spark_problem, under_spark_submit
 
 
@@ -92,8 +101,29 @@ def resolve_job_options(
             raise OptionError(f"unknown option {name!r} (known: {', '.join(known) or 'none'})")
         for job_name in takers:
             given[job_name][name] = value
-    # string values are parsed with each option's type by the job itself
+    # each job parses the strings with its options' types and validates the values
     return {job.name: job.resolve_options(given[job.name]) for job in jobs}
+
+
+def path_problem(receipts: str, out: str) -> str | None:
+    """What is wrong with `--receipts` and `--out`, as far as can be seen without Spark.
+
+    Local paths only (`hdfs://`, `s3a://`... are left to the jobs): the receipts must be
+    a readable directory; the output a writable directory or creatable as one; and the
+    output must not lie inside the receipts, where the next read would take the jobs'
+    `*.jsonl` and `*.parquet` files for receipts.
+    """
+    problem = receipts_problem(receipts) or out_problem(out)
+    if problem or not (is_local(receipts) and is_local(out)):
+        return problem
+    inside = os.path.realpath(local_receipts(receipts))
+    target = os.path.realpath(local_out(out))
+    if os.path.commonpath([inside, target]) == inside:
+        return (
+            f"output directory {out} is inside the receipts directory {receipts}: "
+            "its files would be read as receipts"
+        )
+    return None
 
 
 def run_jobs(
@@ -106,16 +136,21 @@ def run_jobs(
     conf: dict[str, str] | None = None,
     stop: bool = True,
 ) -> tuple[int, list[JobResult]]:
-    """Resolve options, start Spark once, run `jobs` in order, print a summary of each.
+    """Check options and paths, start Spark once, run `jobs` in order, print a summary of each.
 
-    Returns (exit status, results of the jobs that finished). A failing job is reported
-    and the next one still runs; a missing receipts directory stops the run (status 2).
+    Returns (exit status, results of the jobs that finished). A usage error (status 2)
+    is one line on stderr before Spark starts. A failing job is reported and the next one
+    still runs; a receipts directory a job finds missing stops the run (status 2).
     """
     names = [job.name for job in jobs]
     try:
         options = resolve_job_options(jobs, option_items)
     except OptionError as exc:
         print(f"pushgw spark: {exc}", file=sys.stderr)
+        return 2, []
+    problem = path_problem(receipts, out)
+    if problem:
+        print(f"pushgw spark: {problem}", file=sys.stderr)
         return 2, []
     problem = None if under_spark_submit() else spark_problem()
     if problem:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.jobs import JobOption, JobResult, OptionError, SparkJob
+from spark_plugins.jobs import JAVA_INT_MAX, JobOption, JobResult, OptionError, SparkJob
 from spark_plugins.output import ensure_dir, write_result, write_table
 from spark_plugins.reader import read_receipts, report_bad_input
 
@@ -37,16 +37,66 @@ if TYPE_CHECKING:
 NAME = "volume-anomalies"
 GROUPABLE = ("plugin", "provider", "app_id")
 
+
+def _distinct(columns: tuple[str, ...]) -> None:
+    for i, column in enumerate(columns):
+        if column in columns[:i]:
+            raise ValueError(f"column {column!r} named twice")
+
+
 OPTIONS = (
-    JobOption("by", tuple, ("plugin",), "group columns: plugin, provider, app_id (or empty)"),
-    JobOption("factor", float, 3.0, "how far from the baseline counts as an anomaly"),
-    JobOption("baseline_hours", int, 24, "trailing hours that make the baseline"),
-    JobOption("min_baseline_hours", int, 6, "hours of history needed before judging"),
-    JobOption("min_volume", int, 20, "smallest volume (or baseline) judged for volume"),
-    JobOption("min_failures", int, 10, "smallest failure count judged for failure rate"),
-    JobOption("min_failure_rate", float, 0.01, "floor of the baseline failure rate"),
-    JobOption("max_bad_lines", int, 100, "bad receipt lines reported with file and line"),
+    JobOption(
+        "by",
+        tuple,
+        ("plugin",),
+        "group columns: plugin, provider, app_id (or empty)",
+        choices=GROUPABLE,
+        check=_distinct,
+    ),
+    JobOption(
+        "factor",
+        float,
+        3.0,
+        "how far from the baseline counts as an anomaly",
+        minimum=1,  # below 1, an hour at its baseline would be both a spike and a drop
+    ),
+    JobOption("baseline_hours", int, 24, "trailing hours that make the baseline", minimum=1),
+    JobOption(
+        "min_baseline_hours",
+        int,
+        6,
+        "hours of history needed before judging (<= baseline_hours)",
+        minimum=1,
+    ),
+    JobOption("min_volume", int, 20, "smallest volume (or baseline) judged for volume", minimum=0),
+    JobOption("min_failures", int, 10, "smallest failure count judged for failure rate", minimum=0),
+    JobOption(
+        "min_failure_rate",
+        float,
+        0.01,
+        "floor of the baseline failure rate",
+        minimum=0,
+        maximum=1,
+    ),
+    JobOption(
+        "max_bad_lines",
+        int,
+        100,
+        "bad receipt lines reported with file and line (0: counted only)",
+        minimum=0,
+        maximum=JAVA_INT_MAX,
+    ),
 )
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """The baseline window holds at most `baseline_hours`: needing more judges nothing."""
+    need, have = int(options["min_baseline_hours"]), int(options["baseline_hours"])
+    if need > have:
+        raise OptionError(
+            f"min_baseline_hours ({need}) is more than baseline_hours ({have}): "
+            "no hour could be judged"
+        )
 
 
 def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
@@ -54,10 +104,7 @@ def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    by = list(options["by"])
-    unknown = [c for c in by if c not in GROUPABLE]
-    if unknown:
-        raise OptionError(f"option by: unknown column(s) {unknown} (use {', '.join(GROUPABLE)})")
+    by = list(options["by"])  # checked by the option: known columns, each once
     hour = (F.floor(F.col("ts") / 3600) * 3600).cast("long")
     counts = receipts.groupBy(hour.alias("h"), *by).agg(
         F.count(F.lit(1)).alias("volume"),
@@ -89,9 +136,7 @@ def anomalies(series: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     from pyspark.sql import functions as F
 
     by = list(options["by"])
-    factor = float(options["factor"])
-    if factor <= 0:
-        raise OptionError(f"option factor: must be > 0, not {factor}")
+    factor = float(options["factor"])  # >= 1, checked by the option
     judged = F.col("baseline_hours") >= int(options["min_baseline_hours"])
     volume, base = F.col("volume"), F.col("baseline_volume")
     rate_floor = F.greatest(
@@ -175,4 +220,5 @@ JOB = SparkJob(
     run=run,
     options=OPTIONS,
     submit_script="volume_anomalies.py",
+    check=check_options,
 )

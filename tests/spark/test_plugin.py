@@ -21,6 +21,14 @@ from spark_plugins.jobs import collect_jobs
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--receipts r --out o` name a receipts directory and a creatable output here
+    (local paths are checked before Spark starts)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r").mkdir()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pushgw")
     plugin.pushgw_commands(parser.add_subparsers(dest="command"))
