@@ -1,7 +1,9 @@
 """Builds the aiohttp application from the configuration and the enabled plugins.
 
 `load_gateway()` validates everything that can be validated without running
-(config, plugins, plugin sections, apps); `create_app()` turns that into an
+(config, plugins, plugin sections, apps, and the apps' credentials, loaded without
+contacting Apple or Google); `pushgw check-config` and every start go through it.
+`create_app()` turns that into an
 `web.Application` whose resources live in `cleanup_ctx`: store, receipts writer,
 provider clients and dispatcher, then plugin services. Nothing is global: two
 gateways can run in one process (the tests do).
@@ -26,8 +28,11 @@ from pydantic import BaseModel
 from gateway.config import (
     ApnsAppConfig,
     ConfigError,
+    CredentialError,
     FcmAppConfig,
+    Problem,
     Settings,
+    config_error,
     config_path,
     load_settings,
     validate_plugin_section,
@@ -116,12 +121,18 @@ def load_gateway(
     settings = load_settings(path, data)
     file = config_path(path)
     source = str(file) if data is None and file else None
-    registry = PluginRegistry(settings.plugins.enabled, dict(extra_plugins or {}))
+    origins = settings.env_origins
+    try:
+        registry = PluginRegistry(settings.plugins.enabled, dict(extra_plugins or {}))
+    except ConfigError as exc:
+        raise _enabled_error(exc, source, settings) from None
     unknown = set(settings.plugins.configured_names()) - set(registry.names)
     if unknown:
-        raise ConfigError(
-            [f"plugins.{n}: section for a plugin that is not enabled" for n in sorted(unknown)],
+        raise config_error(
+            [(("plugins", n), "section for a plugin that is not enabled") for n in sorted(unknown)],
             source,
+            origins,
+            below=True,
         )
     runtime = Runtime(
         settings=settings,
@@ -134,11 +145,38 @@ def load_gateway(
         model = registry.call(name, "pushgw_config_model")
         section = validate_plugin_section(settings, name, model, source) if model else None
         if model is None and settings.plugins.section(name):
-            raise ConfigError([f"plugins.{name}: this plugin takes no configuration"], source)
+            raise config_error(
+                [(("plugins", name), "this plugin takes no configuration")], source, origins
+            )
         contexts[name] = context = PluginContext(name, section, runtime)
         for app_id, app in (registry.call(name, "pushgw_apps", context=context) or {}).items():
             apps[(name, app_id)] = app
+    check_credentials(apps, source, settings)
     return LoadedGateway(settings, registry, runtime, contexts, apps, source, client_factory)
+
+
+def check_credentials(
+    apps: Mapping[tuple[str, str], AppConfig], source: str | None, settings: Settings
+) -> None:
+    """Load every app's credentials as its client will (no network); raise ConfigError
+    naming `plugins.<plugin>.apps.<app id>.<key>` for each that does not load."""
+    problems: list[Problem] = []
+    for (plugin, app_id), app in apps.items():
+        try:
+            app.check_credentials()
+        except CredentialError as exc:
+            problems.append((("plugins", plugin, "apps", app_id, exc.key), exc.message))
+    if problems:
+        raise config_error(problems, source, settings.env_origins)
+
+
+def _enabled_error(error: ConfigError, source: str | None, settings: Settings) -> ConfigError:
+    """The plugin registry's `plugins.enabled: ...` errors, naming the file or variable."""
+    key = "plugins.enabled: "
+    if error.source is not None or not all(p.startswith(key) for p in error.problems):
+        return error
+    problems = [(("plugins", "enabled"), p[len(key) :]) for p in error.problems]
+    return config_error(problems, source, settings.env_origins)
 
 
 # --- application -----------------------------------------------------------------

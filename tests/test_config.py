@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+from pydantic import SecretStr
 
 from gateway.app import load_gateway
-from gateway.config import ConfigError, load_settings
+from gateway.config import (
+    ApnsAppConfig,
+    ConfigError,
+    ConfigModel,
+    CredentialError,
+    FcmAppConfig,
+    load_settings,
+    mask_url,
+    masked,
+    validate_plugin_section,
+)
+from gateway.core.apns import ApnsClient
+from gateway.core.fcm import FcmClient
+from gateway.testing.apns_sim import generate_apns_auth_key
+from gateway.testing.fcm_sim import make_service_account
 
 
 def write(path: Path, data: object) -> Path:
@@ -61,7 +82,7 @@ def test_secret_from_file(tmp_path: Path) -> None:
 
 def test_secret_file_missing_is_an_error(tmp_path: Path) -> None:
     path = write(tmp_path / "c.yaml", {"receipts": {"hmac_key_file": str(tmp_path / "nope")}})
-    with pytest.raises(ConfigError, match=r"receipts: hmac_key_file: file not found"):
+    with pytest.raises(ConfigError, match=r"receipts\.hmac_key_file: file not found"):
         load_settings(path)
 
 
@@ -143,3 +164,480 @@ def test_parquet_receipts_without_pyarrow_fail_at_start(
     )
     monkeypatch.setenv("PUSHGW__RECEIPTS__FORMAT", "jsonl")
     assert load_settings(path).receipts.format == "jsonl"
+
+
+# --- secrets in URLs are masked (check-config) -----------------------------------------------
+
+
+def test_masked_keeps_url_shape_but_hides_passwords() -> None:
+    settings = load_settings(
+        data={
+            "store": {"url": "postgresql+asyncpg://pushgw:S3cretPW@db.example/pushgw"},
+            "delivery": {"proxy": "http://proxyuser:ProxyPW@proxy:3128"},
+        }
+    )
+    shown = masked(settings, {})
+    assert shown["store"]["url"] == "postgresql+asyncpg://pushgw:***@db.example/pushgw"
+    assert shown["delivery"]["proxy"] == "http://proxyuser:***@proxy:3128"
+    assert "S3cretPW" not in str(shown) and "ProxyPW" not in str(shown)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql+asyncpg://u:pa/ss@host/db", "postgresql+asyncpg://u:***@host/db"),
+        ("wss://u:pw@relay.example/inbox?x=1", "wss://u:***@relay.example/inbox?x=1"),
+        ("https://h/send?access_token=abc&x=1", "https://h/send?access_token=***&x=1"),
+        ("postgresql+asyncpg://pushgw@db/pushgw", "postgresql+asyncpg://pushgw@db/pushgw"),
+        ("https://host/path?email=a@b", "https://host/path?email=a@b"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_mask_url(url: str, expected: str) -> None:
+    assert mask_url(url) == expected
+
+
+def test_masked_plugin_sections_mask_urls_too() -> None:
+    class Section(ConfigModel):
+        relay: str
+
+    settings = load_settings(data={})
+    shown = masked(settings, {"x": Section(relay="wss://user:RelayPW@relay.example")})
+    assert shown["plugins"]["x"]["relay"] == "wss://user:***@relay.example"
+
+
+# --- provider credentials load at validation (check-config = start) ---------------------------
+
+
+def _apns_app(keyfile: Path, **extra: object) -> dict[str, object]:
+    return {
+        "type": "apns",
+        "keyfile": str(keyfile),
+        "key_id": "ABCDEFGHIJ",
+        "team_id": "ABCDEFGHIJ",
+        "topic": "com.example.ios",
+        **extra,
+    }
+
+
+def _gateway_with_apps(apps: dict[str, object]) -> object:
+    return load_gateway(data={"plugins": {"enabled": ["sample"], "sample": {"apps": apps}}})
+
+
+def _self_signed(key: ec.EllipticCurvePrivateKey | None = None) -> tuple[bytes, bytes]:
+    key = key or ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "com.example.ios")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .sign(key, hashes.SHA256())
+    )
+    pem_key = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), pem_key
+
+
+def test_valid_credentials_load(sample_plugin_installed: str, tmp_path: Path) -> None:
+    p8 = generate_apns_auth_key().write_p8(tmp_path / "AuthKey.p8")
+    cert, key = _self_signed()
+    (tmp_path / "apns.pem").write_bytes(cert + key)
+    make_service_account("example-project", "http://127.0.0.1:9/token", tmp_path / "sa.json")
+    gateway = _gateway_with_apps(
+        {
+            "token": _apns_app(p8),
+            "cert": {"type": "apns", "certfile": str(tmp_path / "apns.pem")},
+            "android": {"type": "fcm", "service_account_file": str(tmp_path / "sa.json")},
+        }
+    )
+    assert len(gateway.apps) == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"not a key\n", "not a PEM private key (expected the .p8 file from Apple)"),
+        (b"\x9e\x01\xff binary", "not a PEM private key (expected the .p8 file from Apple)"),
+        (
+            rsa.generate_private_key(public_exponent=65537, key_size=1024).private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ),
+            "not an EC P-256 key (expected the .p8 file from Apple)",
+        ),
+        (
+            ec.generate_private_key(ec.SECP256R1()).private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.BestAvailableEncryption(b"pw"),
+            ),
+            "the key is encrypted (Apple's .p8 is not)",
+        ),
+    ],
+)
+def test_apns_key_that_does_not_load(
+    sample_plugin_installed: str, tmp_path: Path, content: bytes, problem: str
+) -> None:
+    p8 = tmp_path / "AuthKey.p8"
+    p8.write_bytes(content)
+    with pytest.raises(ConfigError) as err:
+        _gateway_with_apps({"ios": _apns_app(p8)})
+    assert str(err.value) == f"plugins.sample.apps.ios.keyfile: {problem}"
+
+
+def test_truncated_apns_key(sample_plugin_installed: str, tmp_path: Path) -> None:
+    pem = generate_apns_auth_key().private_key_pem
+    p8 = tmp_path / "AuthKey.p8"
+    p8.write_text(pem[: len(pem) // 2])
+    with pytest.raises(ConfigError) as err:
+        _gateway_with_apps({"ios": _apns_app(p8)})
+    assert "plugins.sample.apps.ios.keyfile: not a PEM private key" in str(err.value)
+    assert pem.splitlines()[1][:20] not in str(err.value)
+
+
+def test_apns_certificate_that_does_not_load(sample_plugin_installed: str, tmp_path: Path) -> None:
+    cert, key = _self_signed()
+    _, other_key = _self_signed()
+    cases = {
+        b"junk": "no PEM certificate in the file",
+        cert: "no PEM private key in the file (put the key after the certificate)",
+        cert + other_key: "the private key does not match the certificate",
+    }
+    for content, problem in cases.items():
+        (tmp_path / "apns.pem").write_bytes(content)
+        with pytest.raises(ConfigError) as err:
+            _gateway_with_apps({"ios": {"type": "apns", "certfile": str(tmp_path / "apns.pem")}})
+        assert str(err.value) == f"plugins.sample.apps.ios.certfile: {problem}"
+        assert key.decode().splitlines()[1] not in str(err.value)
+
+
+def _account() -> dict[str, object]:
+    return dict(make_service_account("example-project", "http://127.0.0.1:9/token"))
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ('{"type": "service_account", "project_id": ', "not valid JSON (Expecting value"),
+        ("{}", 'not a service account key (a JSON object with "type": "service_account"'),
+        ('["service_account"]', "not a service account key"),
+        (b"\xff\xfe junk", "not a JSON file (not UTF-8 text)"),
+    ],
+)
+def test_fcm_service_account_that_does_not_load(
+    sample_plugin_installed: str, tmp_path: Path, content: str | bytes, problem: str
+) -> None:
+    path = tmp_path / "sa.json"
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    with pytest.raises(ConfigError) as err:
+        _gateway_with_apps({"android": {"type": "fcm", "service_account_file": str(path)}})
+    assert str(err.value).startswith(f"plugins.sample.apps.android.service_account_file: {problem}")
+
+
+def test_fcm_service_account_with_a_truncated_or_missing_key(
+    sample_plugin_installed: str, tmp_path: Path
+) -> None:
+    info = _account()
+    secret = str(info["private_key"])
+    path = tmp_path / "sa.json"
+    cases = [
+        (
+            {**info, "private_key": secret[: len(secret) // 2]},
+            "the private_key does not load (not a PEM RSA key, or truncated)",
+        ),
+        ({k: v for k, v in info.items() if k != "client_email"}, "no client_email"),
+        ({**info, "private_key": ""}, "no private_key"),
+    ]
+    for account, problem in cases:
+        path.write_text(json.dumps(account))
+        with pytest.raises(ConfigError) as err:
+            _gateway_with_apps({"android": {"type": "fcm", "service_account_file": str(path)}})
+        assert problem in str(err.value)
+        assert "service_account_file" in str(err.value)
+        assert secret.splitlines()[1] not in str(err.value)  # never key material
+
+
+def test_fcm_project_id_is_required_somewhere(sample_plugin_installed: str, tmp_path: Path) -> None:
+    path = tmp_path / "sa.json"
+    path.write_text(json.dumps({**_account(), "project_id": None}))
+    app = {"type": "fcm", "service_account_file": str(path)}
+    with pytest.raises(ConfigError) as err:
+        _gateway_with_apps({"android": app})
+    assert str(err.value) == (
+        "plugins.sample.apps.android.project_id: not set, and the service account names none"
+    )
+    gateway = _gateway_with_apps({"android": {**app, "project_id": "p"}})
+    assert gateway.apps  # type: ignore[attr-defined]
+
+
+def test_fcm_send_url_placeholders_are_checked(
+    sample_plugin_installed: str, tmp_path: Path
+) -> None:
+    make_service_account("p", "http://127.0.0.1:9/token", tmp_path / "sa.json")
+    app = {"type": "fcm", "service_account_file": str(tmp_path / "sa.json")}
+    with pytest.raises(ConfigError, match=r"apps\.android\.send_url: the only placeholder"):
+        _gateway_with_apps({"android": {**app, "send_url": "http://h/{project}/send"}})
+
+
+def test_ca_file_must_be_a_trust_store(sample_plugin_installed: str, tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("junk")
+    with pytest.raises(ConfigError, match=r"^delivery\.ca_file: not a PEM trust store"):
+        load_settings(data={"delivery": {"ca_file": str(tmp_path / "ca.pem")}})
+
+
+def test_the_clients_use_the_same_loaders(tmp_path: Path) -> None:
+    p8 = tmp_path / "AuthKey.p8"
+    p8.write_text("not a key")
+    apns = ApnsAppConfig.model_validate(_apns_app(p8))
+    with pytest.raises(CredentialError, match="keyfile: not a PEM private key"):
+        ApnsClient("ios", apns)
+    (tmp_path / "sa.json").write_text("{}")
+    fcm = FcmAppConfig(service_account_file=tmp_path / "sa.json")
+    with pytest.raises(CredentialError, match="service_account_file: not a service account"):
+        FcmClient("android", fcm)
+
+
+# --- store.url -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("not a url", "not a database URL"),
+        ("mysql://x/y", "unsupported database driver 'mysql'"),
+        ("postgresql://u:TopSecret@h/db", "unsupported database driver 'postgresql'"),
+        ("sqlite:///var/x.db", "unsupported database driver 'sqlite'"),
+    ],
+)
+def test_store_url_must_be_a_supported_async_driver(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(data={"store": {"url": url}})
+    message = str(err.value)
+    assert message.startswith(f"store.url: {problem}")
+    assert "sqlite+aiosqlite:///PATH or postgresql+asyncpg://" in message
+    assert "TopSecret" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite+aiosqlite:///var/pushgw.db",
+        "sqlite+aiosqlite://",
+        "postgresql+asyncpg://pushgw:pw@db.internal:5432/pushgw",
+    ],
+)
+def test_store_url_supported(url: str) -> None:
+    assert load_settings(data={"store": {"url": url}}).store.url == url
+
+
+# --- environment overrides -----------------------------------------------------------------
+
+
+def test_env_list_as_comma_separated_or_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PUSHGW__PLUGINS__ENABLED", "matrix, zulip")
+    assert load_settings(data={}).plugins.enabled == ["matrix", "zulip"]
+    monkeypatch.setenv("PUSHGW__PLUGINS__ENABLED", '["matrix"]')
+    assert load_settings(data={}).plugins.enabled == ["matrix"]
+    monkeypatch.setenv("PUSHGW__PLUGINS__ENABLED", "")
+    assert load_settings(data={"plugins": {"enabled": ["zulip"]}}).plugins.enabled == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        (
+            "PUSHGW__SERVER",
+            "notjson",
+            "PUSHGW__SERVER: expected a JSON object, "
+            "or one variable per key (PUSHGW__SERVER__<KEY>)",
+        ),
+        (
+            "PUSHGW__PLUGINS__ENABLED",
+            '["matrix"',
+            "PUSHGW__PLUGINS__ENABLED: not valid JSON (Expecting ',' delimiter at column 10)",
+        ),
+        ("PUSHGW__SERVR__PORT", "1", "PUSHGW__SERVR__PORT: unknown key 'servr'"),
+        ("PUSHGW__SERVER__PROT", "1", "PUSHGW__SERVER__PROT: unknown key 'server.prot'"),
+        (
+            "PUSHGW__SERVER__PORT__X",
+            "1",
+            "PUSHGW__SERVER__PORT__X: 'server.port' takes a value, not keys",
+        ),
+        ("PUSHGW__", "1", "PUSHGW__: not a config key (PUSHGW__SECTION__KEY, joined by __)"),
+    ],
+)
+def test_env_mistakes_name_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
+    path = write(tmp_path / "c.yaml", {"server": {"port": 6000}})
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == message
+
+
+def test_env_bad_value_is_reported_under_the_variable_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path / "c.yaml", {"server": {"workers": 0}})
+    monkeypatch.setenv("PUSHGW__SERVER__PORT", "abc")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value).splitlines() == [
+        "PUSHGW__SERVER__PORT: Input should be a valid integer, unable to parse string as an "
+        "integer",
+        f"{path}: server.workers: Input should be greater than or equal to 1",
+    ]
+    monkeypatch.setenv("PUSHGW__SERVER", '{"port": "abc"}')
+    monkeypatch.delenv("PUSHGW__SERVER__PORT")
+    with pytest.raises(ConfigError, match=r"PUSHGW__SERVER: port: Input should be a valid integer"):
+        load_settings(path)
+
+
+def test_env_variables_that_overlap_are_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PUSHGW__SERVER", '{"port": 1}')
+    monkeypatch.setenv("PUSHGW__SERVER__PORT", "2")
+    with pytest.raises(ConfigError, match="PUSHGW__SERVER: conflicts with PUSHGW__SERVER__PORT"):
+        load_settings(data={})
+
+
+def test_env_names_are_case_insensitive_and_aliases_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("pushgw__logging__json", "true")
+    monkeypatch.setenv("PUSHGW__STORE__AUTO_UPGRADE", "false")
+    settings = load_settings(data={})
+    assert settings.logging.json_format is True and settings.store.auto_upgrade is False
+
+
+def test_env_secret_file_replaces_the_file_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "key").write_text("from-the-secret-file\n")
+    path = write(tmp_path / "c.yaml", {"receipts": {"hmac_key": "from-yaml"}})
+    monkeypatch.setenv("PUSHGW__RECEIPTS__HMAC_KEY_FILE", str(tmp_path / "key"))
+    assert load_settings(path).receipts.hmac_key.get_secret_value() == "from-the-secret-file"
+    monkeypatch.setenv("PUSHGW__RECEIPTS__HMAC_KEY_FILE", str(tmp_path / "none"))
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == "PUSHGW__RECEIPTS__HMAC_KEY_FILE: file not found"
+
+
+def test_env_in_plugin_sections(
+    sample_plugin_installed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path / "c.yaml", {"plugins": {"enabled": ["sample"]}})
+    monkeypatch.setenv("PUSHGW__PLUGINS__SAMPLE__GREETING", "hi")
+    gateway = load_gateway(path)
+    assert gateway.contexts["sample"].config.greeting == "hi"  # type: ignore[union-attr]
+    monkeypatch.setenv("PUSHGW__PLUGINS__SAMPLE__GREETIN", "hi")
+    with pytest.raises(ConfigError) as err:
+        load_gateway(path)
+    assert str(err.value) == (
+        "PUSHGW__PLUGINS__SAMPLE__GREETIN: unknown key 'plugins.sample.greetin'"
+    )
+    monkeypatch.delenv("PUSHGW__PLUGINS__SAMPLE__GREETIN")
+    monkeypatch.setenv("PUSHGW__PLUGINS__SAMPLE__APPS", "[1]")
+    with pytest.raises(
+        ConfigError, match=r"^PUSHGW__PLUGINS__SAMPLE__APPS: expected a JSON object"
+    ):
+        load_gateway(path)
+
+
+def test_env_section_of_a_plugin_not_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PUSHGW__PLUGINS__MATRX__APPS", "{}")
+    with pytest.raises(ConfigError) as err:
+        load_gateway(data={})
+    assert str(err.value) == (
+        "PUSHGW__PLUGINS__MATRX__APPS: plugins.matrx: section for a plugin that is not enabled"
+    )
+
+
+def test_env_unknown_plugin_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PUSHGW__PLUGINS__ENABLED", "nope")
+    with pytest.raises(ConfigError, match=r"^PUSHGW__PLUGINS__ENABLED: unknown plugin 'nope'"):
+        load_gateway(data={})
+
+
+def test_env_list_in_a_plugin_section_accepts_commas(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Section(ConfigModel):
+        relays: list[str]
+
+    monkeypatch.setenv("PUSHGW__PLUGINS__X__RELAYS", "wss://a, wss://b")
+    settings = load_settings(data={})
+    section = validate_plugin_section(settings, "x", Section)
+    assert section.relays == ["wss://a", "wss://b"]  # type: ignore[attr-defined]
+
+
+# --- secrets from files ------------------------------------------------------------------------
+
+
+def test_binary_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"\xce\x9e\xff\x00binary")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == f"{path}: not a YAML file: not UTF-8 text (byte 2)"
+
+
+@pytest.mark.parametrize(
+    ("value", "content", "problem"),
+    [
+        ("key", b"", "the file is empty"),
+        ("key", b"\n", "the file is empty"),
+        ("key", b"\x9e\xd1\xbe binary", "the file is not UTF-8 text"),
+        ("dir", None, "is a directory, not a file"),
+        (["a"], None, "expected the path of a file"),
+        (None, None, "expected the path of a file"),
+        ("", None, "expected the path of a file"),
+    ],
+)
+def test_secret_file_problems_name_the_key(
+    tmp_path: Path, value: object, content: bytes | None, problem: str
+) -> None:
+    (tmp_path / "dir").mkdir()
+    if content is not None:
+        (tmp_path / "key").write_bytes(content)
+    if isinstance(value, str) and value:
+        value = str(tmp_path / value)
+    path = write(tmp_path / "c.yaml", {"receipts": {"hmac_key_file": value}})
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == f"{path}: receipts.hmac_key_file: {problem}"
+
+
+def test_secret_and_secret_file_together_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("k")
+    receipts = {"hmac_key": "x", "hmac_key_file": str(tmp_path / "key")}
+    path = write(tmp_path / "c.yaml", {"receipts": receipts})
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == (
+        f"{path}: receipts.hmac_key_file: set hmac_key or hmac_key_file, not both"
+    )
+
+
+def test_empty_hmac_key_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"^receipts\.hmac_key: must not be empty"):
+        load_settings(data={"receipts": {"hmac_key": ""}})
+
+
+def test_plugin_secret_files_follow_the_same_rules(tmp_path: Path) -> None:
+    class Section(ConfigModel):
+        password: SecretStr
+
+    (tmp_path / "pw").write_bytes(b"")
+    raw = {"plugins": {"x": {"password_file": str(tmp_path / "pw")}}}
+    with pytest.raises(ConfigError) as err:
+        validate_plugin_section(load_settings(data=raw), "x", Section)
+    assert str(err.value) == "plugins.x.password_file: the file is empty"
+    raw = {"plugins": {"x": {"password": "a", "password_file": str(tmp_path / "pw")}}}
+    with pytest.raises(ConfigError, match="set password or password_file, not both"):
+        validate_plugin_section(load_settings(data=raw), "x", Section)

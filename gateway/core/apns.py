@@ -107,11 +107,17 @@ class _ProviderToken(AuthorizationHeaderProvider):
     MIN_INTERVAL = 20 * 60.0
 
     def __init__(
-        self, key_pem: str, key_id: str, team_id: str, clock: Callable[[], float] = time.time
+        self,
+        key: str | ec.EllipticCurvePrivateKey,
+        key_id: str,
+        team_id: str,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        key = load_pem_private_key(key_pem.encode(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValueError("the APNs signing key must be an EC (P-256) key")
+        if isinstance(key, str):  # PEM text
+            loaded = load_pem_private_key(key.encode(), password=None)
+            if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+                raise ValueError("the APNs signing key must be an EC (P-256) key")
+            key = loaded
         self._key = key
         self._key_id = key_id
         self._team_id = team_id
@@ -605,8 +611,8 @@ class ApnsClient:
         self._auth: _ProviderToken | None = None
         if config.keyfile is not None:
             assert config.key_id and config.team_id
-            # aioapns 4 takes the key's PEM content (not its path): read it here.
-            self._auth = _ProviderToken(config.keyfile.read_text(), config.key_id, config.team_id)
+            # The loader `check-config` uses too (CredentialError when it does not load).
+            self._auth = _ProviderToken(config.signing_key(), config.key_id, config.team_id)
         self._pool: _ApnsPool | None = None
 
     # ProviderClient ------------------------------------------------------------------
@@ -616,7 +622,7 @@ class ApnsClient:
             return
         context = ssl_context(self._ca_file, alpn=["h2"])
         if self.config.certfile is not None:
-            context.load_cert_chain(str(self.config.certfile))
+            self.config.load_certificate(context)  # the loader `check-config` uses too
         protocol = type(
             "ApnsProtocol",
             (_ApnsProtocol,),

@@ -23,7 +23,6 @@ import google.auth.exceptions
 import google.auth.transport.requests
 import requests
 import yarl
-from firebase_admin import credentials
 from multidict import CIMultiDict
 
 from gateway.config import FcmAppConfig
@@ -78,13 +77,10 @@ class FcmClient:
         # aiohttp, where the wait eats the request timeout. Let them queue in the
         # dispatcher's lane instead, which is deadline-aware.
         self.max_in_flight = min(config.max_in_flight, config.max_connections)
-        certificate = credentials.Certificate(str(config.service_account_file))
-        self._credential: Any = certificate.get_credential()
-        if config.token_uri:
-            self._credential = self._credential.with_token_uri(config.token_uri)
-        self.project_id: str = config.project_id or certificate.project_id or ""
-        if not self.project_id:
-            raise ValueError("no project_id in the config or the service account")
+        # The loader `check-config` uses too (CredentialError when it does not load).
+        account = config.service_account()
+        self._credential: Any = account.credential
+        self.project_id: str = account.project_id
         self.send_url = (config.send_url or DEFAULT_SEND_URL).format(project_id=self.project_id)
         self.token_uri: str = self._credential._token_uri
         self._ca_file = ca_bundle(config.ca_file, ca_file)

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gateway.app import load_gateway
 from gateway.config import ConfigError
+from gateway.testing.apns_sim import generate_apns_auth_key
 from plugins.marmot.config import MarmotConfig, normalize_relay_url, validate_relay_url
 from plugins.marmot.keys import ServerKey, bech32_decode
 from plugins.marmot.limits import DualRateLimiter, KeyedLimiter, LruSet, TtlLru
@@ -237,6 +238,16 @@ def test_keygen_secret_file_and_pubkey(tmp_path: Path) -> None:
     marmot = section()
     del marmot["server_secret_key"]
     marmot["server_secret_key_file"] = str(secret)
+    auth = generate_apns_auth_key()  # the config is loaded whole, credentials included
+    marmot["apps"] = {
+        "ios": {
+            "type": "apns",
+            "keyfile": str(auth.write_p8(tmp_path / "AuthKey.p8")),
+            "key_id": auth.key_id,
+            "team_id": auth.team_id,
+            "topic": "org.example.app",
+        }
+    }
     config = tmp_path / "pushgw.yaml"
     config.write_text(json.dumps({"plugins": {"enabled": ["marmot"], "marmot": marmot}}))
     shown = _pushgw("marmot", "pubkey", "--config", str(config), "--json")

@@ -12,6 +12,7 @@ import yaml
 from gateway.app import load_gateway
 from gateway.config import ConfigError
 from gateway.testing.apns_sim import generate_apns_auth_key
+from gateway.testing.fcm_sim import make_service_account
 from plugins.matrix.sygnal_config import (
     SygnalConfigError,
     load_sygnal_config,
@@ -26,7 +27,7 @@ def credentials(tmp_path: Path) -> dict[str, str]:
     key = generate_apns_auth_key()
     p8 = key.write_p8(tmp_path / "AuthKey.p8")
     account = tmp_path / "service_account.json"
-    account.write_text("{}")
+    make_service_account("example-project", "http://127.0.0.1:9/token", account)
     return {
         "keyfile": str(p8),
         "key_id": key.key_id,
