@@ -725,7 +725,7 @@ class ApnsClient:
             return None, _refusal(Reason.INVALID_PAYLOAD, "device token has invalid characters")
         try:
             body = _encode(payload).encode()
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # nesting deeper than the stack
             return None, _refusal(
                 Reason.INVALID_PAYLOAD, f"APNs payload is not JSON-encodable ({type(exc).__name__})"
             )

@@ -216,7 +216,7 @@ class FcmClient:
         generation = self._generation
         try:
             body = _encode({"message": {**push.payload, "token": push.token}}).encode()
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # nesting deeper than the stack
             return _refusal(
                 Reason.INVALID_PAYLOAD, f"FCM message is not JSON-encodable ({type(exc).__name__})"
             )

@@ -21,3 +21,11 @@ def no_secrets_in_logs(caplog: pytest.LogCaptureFixture, secrets_seen: set[str])
     text = caplog.text + "".join(str(r.args) for r in caplog.records)
     for secret in secrets_seen:
         assert secret not in text
+
+
+def nested(depth: int) -> dict[str, object]:
+    """A JSON object `depth` levels deep, built without recursion."""
+    value: dict[str, object] = {}
+    for _ in range(depth):
+        value = {"x": value}
+    return value

@@ -17,6 +17,7 @@ from gateway.config import ApnsAppConfig
 from gateway.core.apns import IDLE_SECONDS, ApnsClient, _ApnsProtocol, _StreamSlots
 from gateway.core.push import ApnsOptions, Outcome, Push, PushPolicy, Reason
 from gateway.testing import ApnsResponse, ApnsSimulator, generate_apns_auth_key
+from tests.core.conftest import nested
 
 TOPIC = "com.example.app"
 MakeClient = Callable[..., Awaitable[ApnsClient]]
@@ -374,6 +375,7 @@ async def test_payload_limits(
         ({"aps": {}}, {"collapse_id": "thread\x00"}),
         ({"aps": {"x": float("nan")}}, {}),
         ({"aps": {"x": object()}}, {}),
+        ({"aps": {}, "x": nested(100_000)}, {}),  # deeper than the encoder's stack
     ],
 )
 async def test_invalid_requests_refused(

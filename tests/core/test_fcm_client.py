@@ -18,6 +18,7 @@ from gateway.config import FcmAppConfig
 from gateway.core.fcm import FcmClient
 from gateway.core.push import Attempt, Outcome, Push, PushPolicy, Reason
 from gateway.testing import FcmResponse, FcmSimulator, make_service_account
+from tests.core.conftest import nested
 
 PROJECT = "pushgw-test"
 MakeClient = Callable[..., Awaitable[FcmClient]]
@@ -404,12 +405,13 @@ async def test_invalid_payloads_refused(make_client: MakeClient, payload: dict[s
     assert (refusal.outcome, refusal.reason) == (Outcome.PERMANENT, Reason.INVALID_PAYLOAD)
 
 
+@pytest.mark.parametrize("value", [float("nan"), nested(100_000)])  # deep: beyond the stack
 async def test_unencodable_message_refused_without_a_request(
-    make_client: MakeClient, sim: FcmSimulator
+    make_client: MakeClient, sim: FcmSimulator, value: object
 ) -> None:
     # JSON encodability is checked where the body is encoded (once per send)
     client = await make_client()
-    attempt = await client.send(push_for(token(), {"android": {"x": float("nan")}}))
+    attempt = await client.send(push_for(token(), {"android": {"x": value}}))
     assert (attempt.outcome, attempt.reason) == (Outcome.PERMANENT, Reason.INVALID_PAYLOAD)
     assert attempt.status is None
     assert sim.requests == []
