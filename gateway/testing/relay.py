@@ -2,7 +2,8 @@
 
 It runs PyPI `nostr-relay` (`nostr-relay -c FILE serve --use-uvicorn`, the `relay`
 extra) with SQLite storage in a directory of its own and `max_event_size` raised: its
-default would refuse any real Marmot trigger. It is not a simulator: relays are part
+default would refuse any real Marmot trigger (the `max_event_size` argument sets another limit,
+e.g. to store an event larger than a client accepts). It is not a simulator: relays are part
 of the real system, and the gateway speaks to this one exactly as to any other.
 """
 
@@ -34,7 +35,14 @@ def relay_available() -> bool:
 class NostrRelayProcess:
     """PyPI nostr-relay in a subprocess on 127.0.0.1; the storage survives :meth:`restart`."""
 
-    def __init__(self, directory: Path, *, port: int | None = None, auth: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        port: int | None = None,
+        auth: bool = False,
+        max_event_size: int = 400_000,
+    ) -> None:
         self.directory = directory = directory.resolve()  # the relay runs in its directory
         directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -44,7 +52,7 @@ class NostrRelayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         lines = [
             "DEBUG: false",
-            "max_event_size: 400000",
+            f"max_event_size: {max_event_size}",
             "oldest_event: 31536000",
             "storage:",
             f"  sqlalchemy.url: sqlite+aiosqlite:///{self.db}",

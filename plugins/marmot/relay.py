@@ -11,6 +11,20 @@ seen-wrap cache skips them before any cryptography, and content dedup catches re
 ``ping_interval`` + the ping timeout (about 50 s), well inside ``max_future_skew`` (300 s), so
 triggers sent during that blind spot are still inside the window.
 
+Message size: a relay backfills what it stored on every REQ whose window covers it, so closing the
+connection over one oversize message only brings it back after the reconnect, for as long as the
+two-day window covers it. Messages are therefore read as bytes and any above ``max_event_bytes``
+is dropped (``frame/oversize``) before it is decoded or parsed, and the connection stays up. The
+websocket library's own limit, ``max_message_bytes`` (at least 4 MiB), only bounds what a relay
+can make us buffer: about ``max_queue + 2`` (6) such messages per relay. A message above even that
+makes the library close with 1009; it is counted the same way and the next REQ asks for no stored
+events (``limit: 0``, as on a first start), so a relay that honours the limit cannot resend it.
+That skips the rest of that one backfill; a relay that ignores the limit meets the growing backoff.
+
+Backoff: ``failures`` counts failed connections and subscriptions in a row and sets the delay. It is
+reset only by a subscription that stayed live for ``backoff_max``, so a relay that answers EOSE and
+then hangs up (or sends ``CLOSED``) at once cannot hold us at ``backoff_min``.
+
 Message handling: ``EVENT`` goes to the sink; ``EOSE`` marks the relay live; ``CLOSED`` resubscribes
 with backoff (``auth-required:`` first answers the relay's NIP-42 challenge); ``NOTICE`` is logged,
 truncated and escaped; ``AUTH`` challenges are answered at once with a kind-22242 event signed by
@@ -35,6 +49,7 @@ from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.frames import CloseCode
 
 from plugins.marmot.keys import ServerKey
 from plugins.marmot.nostr import KIND_GIFT_WRAP, NIP59_TIME_WINDOW, Event, load_json, sign_event
@@ -55,6 +70,11 @@ log = logging.getLogger("plugins.marmot.relay")
 KIND_AUTH = 22242
 _NOTICE_MAX = 200
 _AUTH_REQUIRED = "auth-required:"
+#: Least websocket message limit, whatever ``max_event_bytes`` is (nostr-sdk, which transponder
+#: uses, caps relay messages at 5.25 MB; strfry refuses events above 64 KiB by default).
+_MESSAGE_CEILING = 4 * 1024 * 1024
+#: Frames the websocket library may hold before it stops reading the socket (its default is 16).
+_MAX_QUEUE = 4
 
 
 class RelayState(StrEnum):
@@ -87,6 +107,17 @@ def safe_text(value: object, limit: int = _NOTICE_MAX) -> str:
     return text[:limit].encode("unicode_escape").decode("ascii")
 
 
+def _we_refused_a_message(exc: ConnectionClosed) -> bool:
+    """Whether our websocket library closed the connection over an incoming message above
+    ``max_size`` (close code 1009 sent first; not a relay's 1009 that we echoed)."""
+    sent = exc.sent
+    return (
+        sent is not None
+        and sent.code == CloseCode.MESSAGE_TOO_BIG
+        and exc.rcvd_then_sent is not True
+    )
+
+
 def auth_event(key: ServerKey, url: str, challenge: str, now: int | None = None) -> Event:
     """NIP-42 authentication event: kind 22242, ``relay`` and ``challenge`` tags, empty content."""
     return sign_event(key, KIND_AUTH, "", [["relay", url], ["challenge", challenge]], now)
@@ -110,10 +141,10 @@ class RelaySettings:
 
     @property
     def max_message_bytes(self) -> int:
-        """Websocket message limit: above it the library closes the connection, so keep it well
-        above ``max_event_bytes`` (oversize frames are then dropped one by one, not by reconnect
-        loops on the same stored event)."""
-        return 4 * self.max_event_bytes + 65_536
+        """Websocket message limit. Above it the library closes the connection (1009), so it sits
+        far above ``max_event_bytes``: messages in between are dropped one by one by the client,
+        which keeps the connection. It stays a bound on what a relay can make us buffer."""
+        return max(_MESSAGE_CEILING, 4 * self.max_event_bytes + 65_536)
 
 
 class RelaySink(Protocol):
@@ -155,7 +186,8 @@ class RelayClient:
         self.disconnect_at: float | None = None
         self.first_attempt_at: float | None = None
         self.connects = 0
-        self.failures = 0  # consecutive; reset on EOSE
+        #: Failures in a row; reset by a subscription that stayed live for ``backoff_max``.
+        self.failures = 0
         self.events_received = 0
         self.backfilled = 0  # events received before EOSE (stored ones)
         self.unrequested = 0  # stored events sent although we asked for none (limit 0)
@@ -171,6 +203,8 @@ class RelayClient:
         self._stopping = False
         self._live_only = False
         self._eose_timer: asyncio.TimerHandle | None = None
+        self._live_at: float | None = None  # monotonic time the subscription went live
+        self._skip_backfill = False  # the last connection died of a message over the ceiling
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -219,12 +253,14 @@ class RelayClient:
         s = self.settings
         flt: dict[str, Any] = {"kinds": [KIND_GIFT_WRAP], "#p": [self.key.pubkey_hex]}
         disconnect = self.disconnect_at
-        if disconnect is None and self.connects == 0 and self.failures == 0:
-            if not s.backfill_on_start:
-                # first start: live only; a restart re-wakes nobody
-                flt["since"] = int(now) - NIP59_TIME_WINDOW
-                flt["limit"] = 0
-                return flt
+        first_start = disconnect is None and self.connects == 0 and self.failures == 0
+        if self._skip_backfill or (first_start and not s.backfill_on_start):
+            # First start: live only; a restart re-wakes nobody. After a message over the
+            # websocket ceiling: live only, so a relay honouring the limit cannot resend it.
+            flt["since"] = int(now) - NIP59_TIME_WINDOW
+            flt["limit"] = 0
+            return flt
+        if first_start:
             disconnect = now
         if disconnect is None:  # never connected, but attempts failed since the first one
             disconnect = self.first_attempt_at if self.first_attempt_at is not None else now
@@ -239,6 +275,13 @@ class RelayClient:
         base = min(s.backoff_max, s.backoff_min * (2 ** max(0, self.failures - 1)))
         return max(s.backoff_min, random.uniform(base / 2, base))
 
+    def _failed(self) -> None:
+        """One more failure in a row, unless the subscription had been live for a while."""
+        live_at, self._live_at = self._live_at, None
+        if live_at is not None and time.monotonic() - live_at >= self.settings.backoff_max:
+            self.failures = 0
+        self.failures += 1
+
     async def _run(self) -> None:
         s = self.settings
         while not self._stopping:
@@ -250,6 +293,7 @@ class RelayClient:
                 async with connect(
                     self.url,
                     max_size=s.max_message_bytes,
+                    max_queue=_MAX_QUEUE,
                     ping_interval=s.ping_interval,
                     ping_timeout=s.ping_timeout,
                     open_timeout=s.connect_timeout,
@@ -263,14 +307,18 @@ class RelayClient:
                     self._auth_pending.clear()
                     await self._subscribe()
                     self.connects += 1
-                    async for message in ws:
-                        if isinstance(message, bytes):
-                            message = message.decode("utf-8", "replace")
-                        self._handle(message)
+                    while True:
+                        # bytes, text frames included: the size check comes before any decoding
+                        self._handle(await ws.recv(decode=False))
                         was_live = was_live or self.state is RelayState.LIVE
             except asyncio.CancelledError:
                 raise
-            except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, InvalidURI) as exc:
+            except ConnectionClosed as exc:
+                if _we_refused_a_message(exc):
+                    self._message_too_big()
+                elif not self._stopping:
+                    log.info("relay %s: connection lost (%s)", self.label, type(exc).__name__)
+            except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
                 log.info("relay %s: connection lost (%s)", self.label, type(exc).__name__)
             except Exception:  # a bug of ours must not end the listener
                 log.exception("relay %s: unexpected error; reconnecting", self.label)
@@ -285,7 +333,7 @@ class RelayClient:
                 break
             if was_live or self.state in (RelayState.LIVE, RelayState.SUBSCRIBED):
                 self.disconnect_at = self.clock()
-            self.failures += 1
+            self._failed()
             self._set_state(RelayState.BACKOFF)
             await asyncio.sleep(self._backoff())
 
@@ -315,8 +363,19 @@ class RelayClient:
         if self._eose_timer is not None:
             self._eose_timer.cancel()
             self._eose_timer = None
-        self.failures = 0
+        self._live_at = time.monotonic()
+        self._skip_backfill = False
         self._set_state(RelayState.LIVE)
+
+    def _message_too_big(self) -> None:
+        """The library closed the connection (1009) over a message above ``max_message_bytes``."""
+        self.sink.on_oversize(self)
+        self._skip_backfill = True
+        log.warning(
+            "relay %s sent a message over %d bytes; dropped it, reconnecting without backfill",
+            self.label,
+            self.settings.max_message_bytes,
+        )
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -337,17 +396,15 @@ class RelayClient:
 
     # -- messages -------------------------------------------------------------------------------
 
-    def _handle(self, text: str) -> None:
+    def _handle(self, data: bytes) -> None:
+        # Size first, before decoding or parsing: an EVENT frame is the event plus
+        # ["EVENT","<sub id>",...]. Any oversize frame is dropped; no relay message needs more.
+        if len(data) > self.settings.max_event_bytes + len(self._sub_id) + 16:
+            self.sink.on_oversize(self)
+            return
+        text = data.decode("utf-8", "replace")
         if self.on_message is not None:
             self.on_message(self, text)
-        # Size first, before parsing: an EVENT frame is the event plus ["EVENT","<sub id>",...]
-        limit = self.settings.max_event_bytes + len(self._sub_id) + 16
-        if len(text) > limit or (not text.isascii() and len(text.encode("utf-8")) > limit):
-            if text.startswith('["EVENT"'):
-                self.sink.on_oversize(self)
-            else:
-                log.info("relay %s: oversize non-event message ignored", self.label)
-            return
         try:
             msg = load_json(text)
         except ValueError:
@@ -398,7 +455,7 @@ class RelayClient:
     def _on_closed(self, reason: str) -> None:
         if self.state in (RelayState.LIVE, RelayState.SUBSCRIBED):
             self.disconnect_at = self.clock()  # the live stream was interrupted here
-        self.failures += 1
+        self._failed()
         self._set_state(RelayState.BACKOFF)
         if reason.startswith(_AUTH_REQUIRED) and self._challenge is not None:
             log.info("relay %s requires authentication; answering its challenge", self.label)

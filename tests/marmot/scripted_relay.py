@@ -9,10 +9,12 @@ client sends back. It is not a relay: no storage, no filters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 
 class ScriptedRelay:
@@ -40,11 +42,12 @@ class ScriptedRelay:
 
     async def _handler(self, ws: ServerConnection) -> None:
         self.connections.append(ws)
-        async for message in ws:
-            try:
-                self.received.put_nowait(json.loads(message))
-            except ValueError:
-                self.received.put_nowait(["<unparsable>", message])
+        with contextlib.suppress(ConnectionClosed):  # the client may hang up any way it likes
+            async for message in ws:
+                try:
+                    self.received.put_nowait(json.loads(message))
+                except ValueError:
+                    self.received.put_nowait(["<unparsable>", message])
 
     async def expect(self, kind: str, timeout: float = 10.0) -> list[Any]:
         """The next client message of type ``kind`` (others are skipped)."""
