@@ -1,0 +1,223 @@
+"""Provider apps: one APNs or FCM credential set each (`ApnsAppConfig`, `FcmAppConfig`).
+
+Their credentials are loaded here too (`check_credentials`, `signing_key`,
+`load_certificate`, `service_account`), so that `pushgw check-config` and a start
+share one set of loaders. A credential that does not load raises `CredentialError`,
+whose message never carries key material.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config.base import ConfigModel, ExistingFile, TrustStore
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
+
+
+class CredentialError(ValueError):
+    """A provider credential that does not load; `key` is the config key that names it.
+
+    The message never carries key material.
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+def _read_credential(key: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CredentialError(key, f"cannot read the file ({exc.strerror})") from None
+
+
+class ApnsAppConfig(ConfigModel):
+    """One APNs credential set (an iOS app, sandbox or production)."""
+
+    type: Literal["apns"] = "apns"
+    topic: str | None = Field(None, description="Bundle id; required with token auth")
+    keyfile: ExistingFile | None = Field(None, description=".p8 signing key (token auth)")
+    key_id: str | None = None
+    team_id: str | None = None
+    certfile: ExistingFile | None = Field(None, description="PEM cert+key (certificate auth)")
+    environment: Literal["production", "sandbox"] = "production"
+    host: str | None = Field(None, description="Override the APNs host (simulator)")
+    port: int | None = Field(None, description="Override the APNs port (simulator)")
+    ca_file: TrustStore | None = Field(None, description="Trust store for the endpoint")
+    max_connections: int = Field(4, ge=1, le=100)
+    max_in_flight: int = Field(500, ge=1, description="Concurrent requests for this app")
+    request_timeout: float = Field(10.0, gt=0)
+    push_type: str | None = Field(None, description="Default apns-push-type for this app")
+
+    @model_validator(mode="after")
+    def _one_auth_method(self) -> ApnsAppConfig:
+        token_auth = self.keyfile is not None
+        if token_auth == (self.certfile is not None):
+            raise ValueError("set either keyfile (+ key_id, team_id, topic) or certfile")
+        if token_auth and not (self.key_id and self.team_id and self.topic):
+            raise ValueError("token auth needs key_id, team_id and topic")
+        return self
+
+    def check_credentials(self) -> None:
+        """Load the key or certificate as a start would, without contacting Apple.
+
+        Raises CredentialError naming `keyfile` or `certfile`.
+        """
+        if self.keyfile is not None:
+            self.signing_key()
+        if self.certfile is not None:
+            self.load_certificate(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+
+    def signing_key(self) -> EllipticCurvePrivateKey:
+        """The token-auth signing key of `keyfile` (Apple's .p8: a P-256 EC key)."""
+        from cryptography.exceptions import UnsupportedAlgorithm
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+        if self.keyfile is None:
+            raise CredentialError("keyfile", "not set: this app uses certificate auth")
+        data = _read_credential("keyfile", self.keyfile)
+        try:
+            key = load_pem_private_key(data, password=None)
+        except TypeError:  # "password was not given but private key is encrypted"
+            raise CredentialError("keyfile", "the key is encrypted (Apple's .p8 is not)") from None
+        except (ValueError, UnsupportedAlgorithm):
+            raise CredentialError(
+                "keyfile", "not a PEM private key (expected the .p8 file from Apple)"
+            ) from None
+        if not (isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"):
+            raise CredentialError(
+                "keyfile", "not an EC P-256 key (expected the .p8 file from Apple)"
+            )
+        return key
+
+    def load_certificate(self, context: ssl.SSLContext) -> None:
+        """Load `certfile` (the certificate and its unencrypted key, PEM) into `context`."""
+        if self.certfile is None:
+            raise CredentialError("certfile", "not set: this app uses token auth")
+        path = self.certfile
+        encrypted = False
+
+        def no_password() -> bytes:  # never OpenSSL's prompt on the terminal
+            nonlocal encrypted
+            encrypted = True
+            return b""
+
+        try:
+            context.load_cert_chain(str(path), password=no_password)
+        except (ssl.SSLError, OSError) as exc:
+            data = _read_credential("certfile", path)
+            if b"-----BEGIN CERTIFICATE-----" not in data:
+                problem = "no PEM certificate in the file"
+            elif b"PRIVATE KEY-----" not in data:
+                problem = "no PEM private key in the file (put the key after the certificate)"
+            elif encrypted:
+                problem = "the private key is encrypted: pushgw needs it unencrypted"
+            elif getattr(exc, "reason", None) == "KEY_VALUES_MISMATCH":
+                problem = "the private key does not match the certificate"
+            else:
+                problem = "the certificate or its private key does not load"
+            raise CredentialError("certfile", problem) from None
+
+
+@dataclass(frozen=True)
+class ServiceAccount:
+    """A loaded FCM service account: the google-auth credential and the project it sends for."""
+
+    credential: Any  # google.oauth2.service_account.Credentials
+    project_id: str
+
+
+_SERVICE_ACCOUNT_FIELDS = ("client_email", "private_key", "token_uri")
+
+
+class FcmAppConfig(ConfigModel):
+    """One Firebase project (an Android app, or iOS through FCM)."""
+
+    type: Literal["fcm"] = "fcm"
+    project_id: str | None = Field(None, description="Defaults to the service account's")
+    service_account_file: ExistingFile
+    send_url: str | None = Field(
+        None,
+        description="Override of https://fcm.googleapis.com/v1/projects/{project_id}/messages:send",
+    )
+    token_uri: str | None = Field(None, description="Override the service account's token_uri")
+    ca_file: TrustStore | None = None
+    max_connections: int = Field(64, ge=1)
+    max_in_flight: int = Field(500, ge=1)
+    request_timeout: float = Field(10.0, gt=0)
+
+    @field_validator("send_url")
+    @classmethod
+    def _send_url_template(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            url = value.format(project_id="p")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError("the only placeholder allowed is {project_id}") from None
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+            raise ValueError("expected an http:// or https:// URL") from None
+        return value
+
+    def check_credentials(self) -> None:
+        """Load the service account as a start would, without contacting Google.
+
+        Raises CredentialError naming `service_account_file` or `project_id`.
+        """
+        self.service_account()
+
+    def service_account(self) -> ServiceAccount:
+        """The service account of `service_account_file`, through firebase-admin."""
+        key = "service_account_file"
+        data = _read_credential(key, self.service_account_file)
+        try:
+            info = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise CredentialError(key, "not a JSON file (not UTF-8 text)") from None
+        except json.JSONDecodeError as exc:
+            raise CredentialError(
+                key, f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+            ) from None
+        if not isinstance(info, dict) or info.get("type") != "service_account":
+            raise CredentialError(
+                key,
+                'not a service account key (a JSON object with "type": "service_account", '
+                "as the Firebase console downloads it)",
+            )
+        missing = [
+            f for f in _SERVICE_ACCOUNT_FIELDS if not (isinstance(info.get(f), str) and info[f])
+        ]
+        if missing:
+            raise CredentialError(key, f"incomplete service account key: no {', '.join(missing)}")
+
+        import google.auth.exceptions
+        from firebase_admin import credentials
+
+        try:
+            certificate = credentials.Certificate(info)
+        except (ValueError, TypeError, google.auth.exceptions.GoogleAuthError):
+            raise CredentialError(
+                key, "the private_key does not load (not a PEM RSA key, or truncated)"
+            ) from None
+        credential = certificate.get_credential()
+        if self.token_uri:
+            credential = credential.with_token_uri(self.token_uri)
+        project_id = self.project_id or certificate.project_id
+        if not isinstance(project_id, str) or not project_id:
+            raise CredentialError("project_id", "not set, and the service account names none")
+        return ServiceAccount(credential, project_id)
+
+
+AppConfig = Annotated[ApnsAppConfig | FcmAppConfig, Field(discriminator="type")]

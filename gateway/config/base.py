@@ -1,0 +1,104 @@
+"""The base of every config model (`ConfigModel`) and the file-path field types.
+
+`ConfigModel` forbids unknown keys and fills a secret `X` from a key `X_file`
+(`read_secret_file`); `ExistingFile` and `TrustStore` check a path at start-up.
+Core sections, provider apps and plugins' sections all build on these.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+
+from gateway.config.errors import _key_error
+
+
+def _existing_file(value: Path) -> Path:
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise ValueError("is a directory, not a file")
+    if not path.is_file():
+        raise ValueError("file not found")
+    return path
+
+
+ExistingFile = Annotated[Path, AfterValidator(_existing_file)]
+"""A path that must name a readable file at start-up ("file not found" otherwise)."""
+
+
+def _trust_store(path: Path) -> Path:
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except (ssl.SSLError, OSError):
+        raise ValueError("not a PEM trust store (no CA certificate loads from it)") from None
+    return path
+
+
+TrustStore = Annotated[Path, AfterValidator(_existing_file), AfterValidator(_trust_store)]
+"""A file of PEM CA certificates, loaded at start-up."""
+
+
+def read_secret_file(value: Any) -> str:
+    """The secret in the file `value` names: UTF-8 text, trailing newlines stripped.
+
+    Raises ValueError with a message fit for the operator (never the file's content):
+    not a path, no such file, a directory, unreadable, not UTF-8, or empty.
+    """
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ValueError("expected the path of a file")
+    path = Path(value).expanduser()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError("file not found") from None
+    except IsADirectoryError:
+        raise ValueError("is a directory, not a file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read the file ({exc.strerror or type(exc).__name__})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the file is not UTF-8 text") from None
+    text = text.rstrip("\n")
+    if not text.strip():
+        raise ValueError("the file is empty")
+    return text
+
+
+class ConfigModel(BaseModel):
+    """Base of every config section: unknown keys are errors; `X_file` fills secret `X`.
+
+    A key `password_file: /run/secrets/pw` sets the field `password` to the file's
+    content (trailing newline stripped) when the model has a field `password` and
+    no field `password_file`. Setting both `password` and `password_file` is an error,
+    and so is a file that is missing, a directory, not UTF-8 text, or empty
+    (`read_secret_file`). Plugins derive their section models from this.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_from_files(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        out = dict(data)
+        for key, value in data.items():
+            if not (isinstance(key, str) and key.endswith("_file")):
+                continue
+            target = key[: -len("_file")]
+            if key in cls.model_fields or target not in cls.model_fields:
+                continue
+            if target in data:
+                raise _key_error(key, f"set {target} or {key}, not both")
+            try:
+                out[target] = read_secret_file(value)
+            except ValueError as exc:
+                raise _key_error(key, str(exc)) from None
+            del out[key]
+        return out

@@ -1,0 +1,104 @@
+"""Configuration errors: `ConfigError`, and the messages that name a key path and its origin.
+
+A problem is reported against the key path where it lies (`server.port: ...`), and
+against the environment variable when one set that key (`PUSHGW__SERVER__PORT: ...`),
+else the file. No message carries a secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
+
+
+class ConfigError(Exception):
+    """A configuration mistake; `str()` is the message shown to the operator."""
+
+    def __init__(self, problems: Iterable[str], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(prefix + p for p in self.problems))
+
+
+def _key_error(key: str, message: str) -> PydanticCustomError:
+    """A validation error about `key` of the model being validated (not the model itself).
+
+    `_format_errors` appends `key` to the error's location; elsewhere the message reads
+    `key: message`.
+    """
+    return PydanticCustomError("config_key", "{key}: {message}", {"key": key, "message": message})
+
+
+Problem = tuple[tuple[str, ...], str]
+"""A key path and what is wrong there."""
+
+
+def _format_errors(error: ValidationError, prefix: tuple[str, ...] = ()) -> list[Problem]:
+    problems = []
+    for item in error.errors():
+        raw = [str(p) for p in (*prefix, *item["loc"])]
+        # pydantic puts the app's union tag ("apns", "fcm") after `apps.<id>`: not a key.
+        loc = [
+            p
+            for i, p in enumerate(raw)
+            if not (i >= 2 and raw[i - 2] == "apps" and p in ("apns", "fcm"))
+        ]
+        msg = item["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif item["type"] == "config_key":
+            ctx = item.get("ctx") or {}
+            loc.append(str(ctx["key"]))
+            msg = str(ctx["message"])
+        problems.append((tuple(loc), msg))
+    return problems
+
+
+def _env_origin(
+    origins: Mapping[tuple[str, ...], str], loc: Sequence[str]
+) -> tuple[int, str] | None:
+    """(length of the key path it set, name) of the variable that set `loc`, if one did."""
+    path = tuple(loc)
+    for length in range(len(path), 0, -1):
+        name = origins.get(path[:length])
+        if name is not None:
+            return length, name
+    return None
+
+
+def config_error(
+    problems: Iterable[Problem],
+    source: str | None,
+    origins: Mapping[tuple[str, ...], str] | None = None,
+    *,
+    below: bool = False,
+) -> ConfigError:
+    """A ConfigError whose lines name the key path, and the environment variable when
+    one set the key (`PUSHGW__SERVER__PORT: ...`), else the file (`source`).
+
+    `origins`: `Settings.env_origins`. `below`: a problem with a whole section is the
+    environment's too when a variable set a key inside it (`PUSHGW__PLUGINS__X__Y` for
+    `plugins.x`), and the file's only if none did.
+    """
+    origins = origins or {}
+    lines: list[tuple[str | None, str]] = []
+    for loc, msg in problems:
+        origin = _env_origin(origins, loc)
+        inside = [n for p, n in sorted(origins.items()) if p[: len(loc)] == loc] if below else []
+        if origin is None and loc and inside:
+            lines.append((inside[0], f"{'.'.join(loc)}: {msg}"))
+        elif origin is None:
+            lines.append((None, f"{'.'.join(loc) or '<root>'}: {msg}"))
+        else:
+            length, name = origin
+            rest = ".".join(loc[length:])
+            lines.append((name, f"{rest}: {msg}" if rest else msg))
+    if all(name is None for name, _ in lines):
+        return ConfigError([text for _, text in lines], source)
+    prefix = f"{source}: " if source else ""
+    return ConfigError(f"{name}: {text}" if name else prefix + text for name, text in lines)

@@ -1,0 +1,111 @@
+"""Loading: the YAML file, merged with the environment, validated into `Settings`;
+and each plugin's section validated against the plugin's model with the same rules.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gateway.config.env import _env_value, _merge, _target, environment_overrides
+from gateway.config.errors import ConfigError, _format_errors, config_error
+from gateway.config.sections import Settings
+
+CONFIG_ENV = "PUSHGW_CONFIG"
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(["config file not found"], str(path)) from None
+    except OSError as exc:
+        raise ConfigError([f"cannot read config file: {exc.strerror}"], str(path)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [f"not a YAML file: not UTF-8 text (byte {exc.start})"], str(path)
+        ) from None
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise ConfigError(
+            [f"{where}invalid YAML ({getattr(exc, 'problem', exc)})"], str(path)
+        ) from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(["the top level must be a mapping"], str(path))
+    return loaded
+
+
+def config_path(explicit: str | os.PathLike[str] | None) -> Path | None:
+    chosen = explicit or os.environ.get(CONFIG_ENV)
+    return Path(chosen) if chosen else None
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None, data: dict[str, Any] | None = None
+) -> Settings:
+    """Load and validate the core sections from `path` (or `$PUSHGW_CONFIG`) or `data`,
+    with the environment's `PUSHGW__...` overrides."""
+    file = config_path(path)
+    raw = data if data is not None else (read_yaml(file) if file else {})
+    source = str(file) if data is None and file else None
+    env = environment_overrides()
+    merged = _merge(raw, env.data)
+    # Relative paths inside the file are relative to the working directory, as in Sygnal.
+    try:
+        settings = Settings(**merged)
+    except ValidationError as exc:
+        raise config_error(_format_errors(exc), source, env.origins) from None
+    settings._env_origins = env.origins
+    return settings
+
+
+def validate_plugin_section(
+    settings: Settings, name: str, model: type[BaseModel], source: str | None = None
+) -> BaseModel:
+    """Validate `plugins.<name>` against the plugin's model, errors with full key paths."""
+    section = _plugin_env_values(settings, name, model, settings.plugins.section(name))
+    try:
+        return model.model_validate(section)
+    except ValidationError as exc:
+        raise config_error(
+            _format_errors(exc, ("plugins", name)), source, settings.env_origins
+        ) from None
+
+
+def _plugin_env_values(
+    settings: Settings, name: str, model: type[BaseModel], section: dict[str, Any]
+) -> dict[str, Any]:
+    """`section` with the text of its environment variables converted for `model`."""
+    base = ("plugins", name)
+    pending = {
+        path[2:]: var
+        for path, var in settings.env_origins.items()
+        if len(path) > 2 and path[:2] == base
+    }
+    if not pending:
+        return section
+    section = copy.deepcopy(section)
+    problems = []
+    for path, var in sorted(pending.items()):
+        holder: Any = section
+        for key in path[:-1]:
+            holder = holder.get(key) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or not isinstance(holder.get(path[-1]), str):
+            continue
+        try:
+            holder[path[-1]] = _env_value(_target(model, path, base), holder[path[-1]], var)
+        except ValueError as exc:
+            problems.append(f"{var}: {exc}")
+    if problems:
+        raise ConfigError(problems)
+    return section

@@ -1,0 +1,80 @@
+"""Masking: the normalized config as plain data with every secret masked
+(what `pushgw check-config` prints), and URLs with their passwords masked (`mask_url`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from pydantic import BaseModel
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from gateway.config.sections import Settings
+
+MASK = "**********"
+
+
+def masked(settings: Settings, plugin_sections: Mapping[str, BaseModel]) -> dict[str, Any]:
+    """The normalized config as plain data, with every secret masked."""
+    out = settings.model_dump(mode="json", by_alias=True, exclude={"plugins"})
+    plugins: dict[str, Any] = {"enabled": list(settings.plugins.enabled)}
+    for name, section in plugin_sections.items():
+        plugins[name] = section.model_dump(mode="json")
+    out["plugins"] = plugins
+    return _mask(out)
+
+
+_SECRET_WORDS = ("secret", "password", "hmac_key", "private", "token", "key")
+_NOT_SECRET = {"key_id", "keyfile", "push_key_id", "public_key", "keys"}
+
+
+def _secret_name(name: str) -> bool:
+    lowered = name.lower()
+    return lowered not in _NOT_SECRET and any(w in lowered for w in _SECRET_WORDS)
+
+
+def _mask(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _mask(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v, key) for v in value]
+    if not (isinstance(value, str) and value):
+        return value
+    lowered = key.lower()
+    if _secret_name(lowered) and not lowered.endswith(("_file", "_uri", "_url")):
+        return MASK
+    return mask_url(value)
+
+
+def mask_url(value: str) -> str:
+    """`value` with the password of a URL in it (and secret-named query values) masked.
+
+    `postgresql+asyncpg://pushgw:S3cret@db/pushgw` -> `postgresql+asyncpg://pushgw:***@db/pushgw`:
+    scheme, user, host and path stay, so that the output stays useful.
+    """
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        return value
+    password = None
+    # SQLAlchemy's reading first: its password runs to the first "@" (it may hold "/").
+    with contextlib.suppress(ArgumentError, ValueError):
+        password = make_url(value).password
+    if password is None:
+        with contextlib.suppress(ValueError):
+            password = urlsplit(value).password
+    if password is not None:
+        userinfo, _, rest = rest.partition("@")
+        rest = f"{userinfo.partition(':')[0]}:***@{rest}"
+    head, qmark, query = rest.partition("?")
+    if qmark:
+        fragment_sep = "#" if "#" in query else ""
+        query, _, fragment = query.partition("#")
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_secret_name(k) for k, _ in pairs):
+            query = urlencode([(k, "***" if _secret_name(k) else v) for k, v in pairs], safe="*")
+        rest = f"{head}?{query}{fragment_sep}{fragment}"
+    return f"{scheme}://{rest}"

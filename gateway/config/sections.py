@@ -1,0 +1,185 @@
+"""The core sections of the file (server, logging, store, delivery, receipts, plugins)
+and `Settings`, the model of the whole file.
+
+Each plugin's own `plugins.<name>` section stays raw here (`PluginsSection`); it is
+validated against the plugin's model by `gateway.config.loading.validate_plugin_section`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from gateway.config.base import ConfigModel, TrustStore
+
+SUPPORTED_DATABASES = ("sqlite+aiosqlite", "postgresql+asyncpg")
+"""SQLAlchemy drivers of `store.url` (the async drivers pushgw depends on)."""
+
+
+EventLoop = Literal["auto", "uvloop", "asyncio"]
+
+
+class ServerConfig(ConfigModel):
+    host: str = "127.0.0.1"
+    port: int = Field(5000, ge=0, le=65535)
+    workers: int = Field(1, ge=1, description="Processes sharing the port (SO_REUSEPORT)")
+    metrics_port: int | None = Field(None, description="Serve /metrics on its own port")
+    shutdown_timeout: float = Field(10.0, ge=0, description="Drain deadline on shutdown")
+    client_max_size: int = Field(1024 * 1024, ge=1024)
+    event_loop: EventLoop = Field(
+        "auto", description="auto (uvloop where installed), uvloop, or asyncio"
+    )
+
+    @field_validator("event_loop")
+    @classmethod
+    def _uvloop_installed(cls, value: str) -> str:
+        if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ValueError("uvloop is not installed on this platform: use auto or asyncio")
+        return value
+
+
+class LoggingConfig(ConfigModel):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    json_format: bool = Field(False, alias="json")
+    access_log: bool = False
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class StoreConfig(ConfigModel):
+    url: str = Field(
+        "sqlite+aiosqlite:///var/pushgw.db",
+        description="SQLAlchemy async URL: sqlite+aiosqlite:///path or postgresql+asyncpg://...",
+    )
+    auto_upgrade: bool = Field(True, description="Run migrations at start")
+    pool_size: int = Field(10, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _supported_database(cls, value: str) -> str:
+        # Never the URL itself in the message: it may carry a password.
+        expected = "sqlite+aiosqlite:///PATH or postgresql+asyncpg://USER@HOST/DATABASE"
+        try:
+            url = make_url(value)
+        except (ArgumentError, ValueError):
+            raise ValueError(f"not a database URL: expected {expected}") from None
+        if url.drivername not in SUPPORTED_DATABASES:
+            raise ValueError(f"unsupported database driver {url.drivername!r}: expected {expected}")
+        return value
+
+
+class CircuitBreakerConfig(ConfigModel):
+    failure_threshold: int = Field(20, ge=1, description="Consecutive failures that open it")
+    reset_after: float = Field(30.0, gt=0, description="Seconds before a trial request")
+
+
+class DeliveryConfig(ConfigModel):
+    max_deadline: float = Field(60.0, gt=0, description="Upper bound on a push's deadline")
+    max_retries: int = Field(8, ge=0, description="Upper bound on a push's retries")
+    queue_size: int = Field(20_000, ge=1, description="Pushes waiting per app before shedding")
+    backoff_base: float = Field(1.0, gt=0)
+    backoff_cap: float = Field(60.0, gt=0)
+    throttle_backoff: float = Field(60.0, ge=0, description="Initial delay after QUOTA_EXCEEDED")
+    circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
+    proxy: str | None = Field(None, description="HTTP CONNECT proxy; default HTTPS_PROXY")
+    ca_file: TrustStore | None = Field(None, description="Trust store; default SSL_CERT_FILE")
+    invalidation_guard_min: int = Field(100, ge=1)
+    invalidation_guard_ratio: float = Field(0.5, gt=0, le=1)
+    invalidation_guard_window: float = Field(300.0, gt=0)
+
+
+ReceiptsFormat = Literal["jsonl", "parquet"]
+
+
+class ReceiptsConfig(ConfigModel):
+    enabled: bool = True
+    directory: Path = Path("var/receipts")
+    hmac_key: SecretStr = Field(
+        SecretStr("pushgw-local-development-key"),
+        description="Key of the token hash in receipts; set a secret in production",
+    )
+    roll_seconds: float = Field(3600.0, gt=0)
+    roll_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    buffer: int = Field(50_000, ge=1, description="Receipts buffered before back-pressure")
+    format: ReceiptsFormat = Field(
+        "jsonl",
+        description="Format of rolled files: jsonl, or parquet (converted when a file rolls)",
+    )
+
+    @field_validator("hmac_key")
+    @classmethod
+    def _key_not_empty(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().strip():
+            raise ValueError("must not be empty: the key protects the token hashes")
+        return value
+
+    @field_validator("format")
+    @classmethod
+    def _parquet_needs_pyarrow(cls, value: str) -> str:
+        # At start-up rather than at the first roll, an hour later.
+        if value == "parquet" and importlib.util.find_spec("pyarrow") is None:
+            raise ValueError(
+                "parquet needs pyarrow, which is not installed: install pushgw[parquet]"
+            )
+        return value
+
+
+class PluginsSection(BaseModel):
+    """`plugins.enabled` plus one raw section per plugin, validated by the plugin's model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    enabled: list[str] = Field(default_factory=list)
+
+    def section(self, name: str) -> dict[str, Any]:
+        raw = (self.model_extra or {}).get(name)
+        return dict(raw) if isinstance(raw, Mapping) else {}
+
+    def configured_names(self) -> list[str]:
+        return sorted((self.model_extra or {}).keys())
+
+
+Origins = dict[tuple[str, ...], str]
+"""Key path (lower case) -> the environment variable that set it."""
+
+
+class Settings(BaseSettings):
+    """The whole gateway configuration (the YAML file plus `PUSHGW__A__B` overrides)."""
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True)
+
+    server: ServerConfig = ServerConfig()
+    logging: LoggingConfig = LoggingConfig()
+    store: StoreConfig = StoreConfig()
+    delivery: DeliveryConfig = DeliveryConfig()
+    receipts: ReceiptsConfig = ReceiptsConfig()
+    plugins: PluginsSection = PluginsSection()
+
+    _env_origins: Origins = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML document, already merged with the environment by `load_settings`
+        # (`environment_overrides`), arrives as init kwargs. pydantic-settings' own
+        # environment source is not used: its errors cannot name the variable, it
+        # ignores misspelled ones, and it takes lists only as JSON.
+        return (init_settings,)
+
+    @property
+    def env_origins(self) -> Mapping[tuple[str, ...], str]:
+        """Which environment variable set which key path (lower case)."""
+        return types.MappingProxyType(self._env_origins)
