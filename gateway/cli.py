@@ -1,33 +1,50 @@
 """The `pushgw` command.
 
-Every user mistake (bad config, missing file, unknown plugin) is a one-line message
-on stderr and exit status 2; tracebacks are only for our own bugs.
+Every user mistake (bad config, bad argument, bad input file, port in use) is a
+one-line message on stderr and exit status 2. Something that could not be done for
+another reason (the database is unreachable or refuses, a plugin hook failed) is
+reported in one line per problem and exit status 1. Tracebacks are only for our own
+bugs. See docs/cli.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import inspect
 import json
 import logging
+import math
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway import __version__
 from gateway.config import CONFIG_ENV, ConfigError
 from gateway.context import CommandContext
 
+if TYPE_CHECKING:
+    from gateway.core.push import ProviderKind
+    from gateway.core.store import Store
+
 log = logging.getLogger("pushgw")
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
 class UsageError(Exception):
     """A user mistake outside the config file (bad argument, unreadable input file)."""
+
+
+class DatabaseError(Exception):
+    """The database could not be reached or used (exit status 1); `str()` is one line."""
 
 
 # --- helpers ---------------------------------------------------------------------
@@ -65,6 +82,104 @@ def _config_data_from_sygnal(args: argparse.Namespace) -> None:
         args.config_data = load_sygnal_config(path)
     except SygnalConfigError as exc:
         raise ConfigError(exc.problems, str(path)) from None
+
+
+def _no_config_note(args: argparse.Namespace, loaded: Any) -> None:
+    """Say so when a command that writes runs on the built-in defaults."""
+    if loaded.source is None and getattr(args, "config_data", None) is None:
+        print(
+            f"pushgw: no --config or ${CONFIG_ENV}: using the built-in defaults",
+            file=sys.stderr,
+        )
+
+
+def shown_url(url: str) -> str:
+    """The store URL as it may be shown: its password (and secret query values) masked."""
+    from gateway.config import mask_url
+
+    return mask_url(url)
+
+
+@contextlib.contextmanager
+def database_errors(url: str) -> Iterator[None]:
+    """Turn trouble with the database (unreachable, refusing, failing) into one line."""
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gateway.core.tokens import describe_error
+
+    try:
+        yield
+    except (OSError, SQLAlchemyError, CommandError, RevisionError) as exc:
+        reason = describe_error(exc)
+        with contextlib.suppress(Exception):
+            password = make_url(url).password
+            if password:
+                reason = reason.replace(str(password), "***")
+        raise DatabaseError(f"database {shown_url(url)}: {reason}") from None
+
+
+def open_configured_store(loaded: Any) -> Store:
+    """The configured store; a store.url that cannot work is a config error."""
+    from sqlalchemy.exc import ArgumentError, InvalidRequestError
+
+    from gateway.core.tokens import describe_error
+
+    url = loaded.settings.store.url
+    try:
+        store: Store = loaded.open_store()
+    except (ArgumentError, InvalidRequestError, ImportError) as exc:
+        problem = (
+            f"store.url: cannot use it ({exc}); "
+            "expected sqlite+aiosqlite:///PATH or postgresql+asyncpg://..."
+        )
+        raise ConfigError([problem], loaded.source) from None
+    except OSError as exc:  # the directory of the SQLite file could not be made
+        raise DatabaseError(f"database {shown_url(url)}: {describe_error(exc)}") from None
+    return store
+
+
+@contextlib.asynccontextmanager
+async def opened_store(loaded: Any, *, migrate: bool) -> AsyncIterator[Store]:
+    """The store, migrated to head (`migrate`) or checked to be at head, else DatabaseError.
+
+    While it is open, plugin contexts' `store` handles work too.
+    """
+    store = open_configured_store(loaded)
+    try:
+        with database_errors(store.url):
+            if migrate:
+                await store.upgrade(loaded.migration_dirs())
+            else:
+                pending = await _pending_migrations(store, loaded.migration_dirs())
+                if pending:
+                    raise DatabaseError(
+                        f"database {shown_url(store.url)}: not migrated "
+                        f"({', '.join(pending)} pending) and store.auto_upgrade is false: "
+                        "run `pushgw db upgrade`"
+                    )
+        yield store
+    finally:
+        await store.close()
+        loaded.runtime.store = None
+
+
+async def _pending_migrations(store: Store, version_locations: Sequence[str]) -> list[str]:
+    """Revisions of the core and the enabled plugins that the database lacks."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from gateway.core.store import alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config(store.url, version_locations))
+    async with store.engine.connect() as conn:
+        current = await conn.run_sync(
+            lambda sync: MigrationContext.configure(sync).get_current_heads()
+        )
+    applied = {r.revision for r in script.iterate_revisions(tuple(current), "base") if r}
+    return sorted(r.revision for r in script.walk_revisions() if r.revision not in applied)
 
 
 # --- commands ------------------------------------------------------------------
@@ -108,60 +223,234 @@ def cmd_plugins(args: argparse.Namespace, _ctx: Any) -> int:
 
 async def cmd_db_upgrade(args: argparse.Namespace, _ctx: Any) -> int:
     loaded = _load(args)
-    store = loaded.open_store()
-    try:
-        await store.upgrade(loaded.migration_dirs())
-    finally:
-        await store.close()
-    print(f"database at head ({store.dialect})")
+    _no_config_note(args, loaded)
+    async with opened_store(loaded, migrate=True) as store:
+        dialect = store.dialect
+    print(f"database at head ({dialect}): {shown_url(loaded.settings.store.url)}")
     return 0
 
 
 async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -> int:
-    """Feed a dead-token file (spark `dead-tokens` job) through the one invalidation path."""
-    from gateway.core.push import InvalidToken, ProviderKind
+    """Feed a dead-token file (spark `dead-tokens` job) through the one invalidation path.
 
-    records = _read_dead_tokens(Path(args.file))
+    The whole file is read and checked first: a bad line retires nothing (exit 2).
+    Tokens of plugins not enabled or apps not configured here are skipped and counted
+    (one dead-token file covers every gateway node's receipts). What could not be
+    applied (database or plugin hook failure) is named by file:line, and exit status is 1.
+    """
+    from gateway.core.push import InvalidToken
+
+    path = Path(args.file)
+    tokens, duplicates = read_dead_tokens(path)
     loaded = context.load()
-    retired = skipped = 0
-    async with context.open_store():
-        assert loaded.invalidation is not None
-        for record in records:
-            if record["plugin"] not in loaded.contexts:
-                skipped += 1
-                continue
-            provider = record.get("provider")
-            invalid = InvalidToken(
-                plugin=record["plugin"],
-                app_id=record["app_id"],
-                token_hash=record["token_hash"],
-                token=None,
-                provider=ProviderKind(provider) if provider else None,
-                reason=record.get("reason"),
+    _no_config_note(args, loaded)
+    todo: list[DeadToken] = []
+    skipped: Counter[tuple[str, str]] = Counter()
+    for token in tokens:
+        if token.plugin not in loaded.contexts:
+            skipped[(token.plugin, "")] += 1
+        elif (token.plugin, token.app_id) not in loaded.apps:
+            skipped[(token.plugin, token.app_id)] += 1
+        else:
+            todo.append(token)
+    for (plugin, app_id), count in sorted(skipped.items()):
+        what = (
+            f"app {plugin}/{app_id}: not an app of this configuration"
+            if app_id
+            else f"plugin {plugin}: not enabled in this configuration"
+        )
+        print(f"pushgw: skipped {_tokens(count)} of {what}", file=sys.stderr)
+    counts = _skip_counts(skipped, duplicates)
+    if not todo:
+        print(f"retired 0 tokens (nothing to apply: database not opened){counts}")
+        return 0
+
+    retired = 0
+    failures: list[str] = []
+    async with opened_store(loaded, migrate=loaded.settings.store.auto_upgrade) as store:
+        invalidation = loaded.invalidation
+        assert invalidation is not None
+        for token in todo:
+            outcome = await invalidation.handle(
+                InvalidToken(
+                    plugin=token.plugin,
+                    app_id=token.app_id,
+                    token_hash=token.token_hash,
+                    token=None,
+                    provider=token.provider,
+                    reason=token.reason,
+                )
             )
-            if await loaded.invalidation.report(invalid):
+            if not outcome.handled:  # the same token was handled a line before
+                duplicates += 1
+                continue
+            if outcome.complete:
                 retired += 1
-    print(f"retired {retired} tokens; skipped {skipped} of plugins not enabled")
-    return 0
+                continue
+            hook = f"the {token.plugin} plugin's token-invalid hook"
+            if outcome.record_error and outcome.hook_error:
+                problem = (
+                    f"hash not recorded ({outcome.record_error}) "
+                    f"and {hook} failed ({outcome.hook_error})"
+                )
+            elif outcome.record_error:
+                problem = f"hash not recorded ({outcome.record_error}); {hook} ran"
+            else:
+                problem = f"{hook} failed ({outcome.hook_error}); the hash was recorded"
+            failures.append(f"{path}:{token.line}: not retired: {problem}")
+        where = shown_url(store.url)
+    counts = _skip_counts(skipped, duplicates)
+    for line in failures[:_MAX_FAILURE_LINES]:
+        print(f"pushgw: {line}", file=sys.stderr)
+    if len(failures) > _MAX_FAILURE_LINES:
+        more = len(failures) - _MAX_FAILURE_LINES
+        print(f"pushgw: ... and {more} more not retired", file=sys.stderr)
+    failed = f"; {len(failures)} not retired (see above)" if failures else ""
+    print(f"retired {_tokens(retired)} in {where}{counts}{failed}")
+    return EXIT_FAILED if failures else 0
 
 
-def _read_dead_tokens(path: Path) -> list[dict[str, Any]]:
+_MAX_FAILURE_LINES = 20
+
+
+def _tokens(count: int) -> str:
+    return f"{count} token" if count == 1 else f"{count} tokens"
+
+
+def _skip_counts(skipped: Counter[tuple[str, str]], duplicates: int) -> str:
+    plugins = sum(n for (_, app_id), n in skipped.items() if not app_id)
+    apps = sum(n for (_, app_id), n in skipped.items() if app_id)
+    parts = [
+        f"{plugins} of plugins not enabled" if plugins else "",
+        f"{apps} of apps not configured" if apps else "",
+        f"{duplicates} duplicate lines" if duplicates else "",
+    ]
+    shown = ", ".join(p for p in parts if p)
+    return f"; skipped {shown}" if shown else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadToken:
+    """One checked line of a dead-token file (docs/spark.md, `dead-tokens`)."""
+
+    line: int
+    plugin: str
+    app_id: str
+    token_hash: str
+    provider: ProviderKind | None
+    reason: str | None
+
+
+TOKEN_HASH = re.compile(r"[0-9a-f]{64}")  # hex HMAC-SHA256, as receipts carry it
+
+
+def read_dead_tokens(path: Path) -> tuple[list[DeadToken], int]:
+    """Every token of a dead-token file and the number of duplicate lines, or UsageError.
+
+    The whole file is checked before anything is applied; the error names the first
+    bad line (file:line) and how many more there are.
+    """
     try:
-        lines = path.read_text().splitlines()
+        data = path.read_bytes()
     except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror}") from None
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    tokens: list[DeadToken] = []
+    seen: set[tuple[str, str, str]] = set()
+    duplicates = 0
+    problems: list[str] = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
         try:
-            record = json.loads(line)
-            if not all(isinstance(record.get(k), str) for k in ("plugin", "app_id", "token_hash")):
-                raise ValueError("needs string fields plugin, app_id, token_hash")
+            token = _dead_token(number, raw)
         except ValueError as exc:
-            raise UsageError(f"{path}:{number}: not a dead-token record ({exc})") from None
-        records.append(record)
-    return records
+            problems.append(f"{path}:{number}: {exc}")
+            continue
+        if token is None:
+            continue
+        key = (token.plugin, token.app_id, token.token_hash)
+        if key in seen:
+            duplicates += 1
+            continue
+        seen.add(key)
+        tokens.append(token)
+    if problems:
+        more = len(problems) - 1
+        tail = f" ({more} more bad line{'s' if more > 1 else ''})" if more else ""
+        raise UsageError(f"{problems[0]}{tail}; nothing was retired")
+    return tokens, duplicates
+
+
+def _dead_token(number: int, raw: bytes) -> DeadToken | None:
+    """One line checked against the documented format; ValueError says what is wrong."""
+    from gateway.core.push import ProviderKind
+
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    if not text.strip():
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise ValueError(f"not a dead-token record (not JSON: {message})") from None
+    except RecursionError:
+        raise ValueError("not a dead-token record (JSON nested too deeply)") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"not a dead-token record (a JSON {_json_type(record)}, not an object)")
+    for key in ("plugin", "app_id", "token_hash"):
+        value = record.get(key)
+        if not isinstance(value, str) or not value:
+            got = "missing" if key not in record else f"a {_json_type(value)}"
+            got = "empty" if value == "" else got
+            raise ValueError(f"{key}: must be a non-empty string ({got})")
+    token_hash = record["token_hash"]
+    if not TOKEN_HASH.fullmatch(token_hash):
+        # Not echoed: a mistaken file could hold device tokens in clear.
+        raise ValueError(
+            "token_hash: must be 64 lowercase hex characters, the receipts' keyed "
+            f"HMAC-SHA256 (got {len(token_hash)} characters)"
+        )
+    provider = record.get("provider")
+    kinds = {p.value for p in ProviderKind}
+    if provider is not None and not (isinstance(provider, str) and provider in kinds):
+        names = ", ".join(f'"{p.value}"' for p in ProviderKind)
+        raise ValueError(f"provider: must be {names} or null, not {json.dumps(provider)[:40]}")
+    reason = record.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ValueError(f"reason: must be a string or null (a {_json_type(reason)})")
+    failures = record.get("failures")
+    if failures is not None and (
+        isinstance(failures, bool) or not isinstance(failures, int) or failures < 0
+    ):
+        raise ValueError("failures: must be a whole number >= 0")
+    last_seen = record.get("last_seen")
+    if last_seen is not None and (
+        isinstance(last_seen, bool)
+        or not isinstance(last_seen, int | float)
+        or not math.isfinite(last_seen)
+    ):
+        raise ValueError("last_seen: must be a number (unix seconds)")
+    return DeadToken(
+        line=number,
+        plugin=record["plugin"],
+        app_id=record["app_id"],
+        token_hash=token_hash,
+        provider=ProviderKind(provider) if provider is not None else None,
+        reason=reason,
+    )
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "list" if isinstance(value, list) else "object"
 
 
 def cmd_simulate(args: argparse.Namespace, _ctx: Any) -> int:
@@ -179,14 +468,41 @@ def cmd_serve(args: argparse.Namespace, _ctx: Any) -> int:
     from gateway import serve
 
     _config_data_from_sygnal(args)
-    return serve.serve(
-        config=args.config,
-        data=getattr(args, "config_data", None),
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        with_simulators=Path(args.with_simulators) if args.with_simulators else None,
-    )
+    try:
+        return serve.serve(
+            config=args.config,
+            data=getattr(args, "config_data", None),
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            with_simulators=Path(args.with_simulators) if args.with_simulators else None,
+        )
+    except serve.ServeError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# --- argument types ----------------------------------------------------------------
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free port), as server.port accepts."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 to 65535 (0: any free port), not {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 # --- parser ------------------------------------------------------------------------
@@ -208,8 +524,14 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
 
     serve = sub.add_parser("serve", parents=[common], help="run the gateway")
     serve.add_argument("--host", help="override server.host")
-    serve.add_argument("--port", type=int, help="override server.port")
-    serve.add_argument("--workers", type=int, help="processes sharing the port (SO_REUSEPORT)")
+    serve.add_argument(
+        "--port", type=port_number, help="override server.port (0 to 65535; 0: any free port)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=positive_int,
+        help="override server.workers: processes sharing the port (SO_REUSEPORT)",
+    )
     serve.add_argument(
         "--sygnal-config", metavar="FILE", help="run from an unchanged Sygnal config"
     )
@@ -244,8 +566,8 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
 
     sim = sub.add_parser("simulate", help="run the APNs and FCM simulators standalone")
     sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--apns-port", type=int, default=2197)
-    sim.add_argument("--fcm-port", type=int, default=4080)
+    sim.add_argument("--apns-port", type=port_number, default=2197)
+    sim.add_argument("--fcm-port", type=port_number, default=4080)
     sim.add_argument("--state-dir", default="var/simulators", help="where CA, key and account go")
     sim.set_defaults(handler=cmd_simulate)
 
@@ -285,9 +607,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"pushgw: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except DatabaseError as exc:
+        print(f"pushgw: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m gateway.cli`: run the importable module's main, so that the errors other
+    # modules raise (gateway.serve raises gateway.cli.DatabaseError) are the ones caught.
+    from gateway.cli import main as _main
+
+    sys.exit(_main())

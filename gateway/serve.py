@@ -3,6 +3,10 @@
 With several workers, each is a fresh interpreter (spawned, not forked) so that
 prometheus-client starts in multi-process mode and `/metrics` on any worker reports
 the sum over all of them. Migrations run once, in the parent, before workers start.
+
+The port is bound before anything starts (migrations, provider clients, workers): a
+port in use, a host that is not local, a privileged port is one line (`ServeError`,
+exit status 2), and a database that does not answer is one line too (exit status 1).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +33,11 @@ if TYPE_CHECKING:
     from gateway.app import LoadedGateway
 
 SIMULATOR_READY_FILE = "ready.json"
+BACKLOG = 128  # aiohttp's default
+
+
+class ServeError(Exception):
+    """An operator mistake found while starting (port in use, bad host): one line."""
 
 
 def serve(
@@ -61,22 +71,37 @@ def _serve(
     server = loaded.settings.server
     host = host or server.host
     port = port if port is not None else server.port
-    workers = workers or server.workers
+    workers = workers if workers is not None else server.workers
+    if not 0 <= port <= 65535:
+        raise ServeError(f"port must be 0 to 65535, not {port}")
+    if workers < 1:
+        raise ServeError(f"workers must be at least 1, not {workers}")
+    if port == 0 and workers > 1:
+        raise ServeError("port 0 (any free port) would give each worker its own port: give a port")
+    if server.metrics_port is not None:
+        for sock in listen(server.host, server.metrics_port, reuse_port=False, what="/metrics"):
+            sock.close()  # only checked here: the metrics site binds it itself
     if workers == 1:
-        _run_loaded(loaded, host, port, reuse_port=False)
+        socks = listen(host, port, reuse_port=False)
+        try:
+            _check_database(loaded)
+            _run_loaded(loaded, socks)
+        finally:
+            for sock in socks:
+                sock.close()
         return 0
+    for sock in listen(host, port, reuse_port=False):
+        sock.close()  # checked once here; each worker binds its own (SO_REUSEPORT)
     if loaded.settings.store.auto_upgrade:
-        from gateway.core.store import upgrade
-
-        upgrade(loaded.settings.store.url, loaded.migration_dirs())
+        _upgrade(loaded)
+    else:
+        _check_database(loaded)
     metrics_dir = tempfile.mkdtemp(prefix="pushgw-metrics-")
     os.environ[MULTIPROC_ENV] = metrics_dir
     os.environ["PUSHGW__STORE__AUTO_UPGRADE"] = "false"  # done above, once
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(
-            target=_run_worker, args=(config, data, host, port, True, i), name=f"pushgw-{i}"
-        )
+        ctx.Process(target=_run_worker, args=(config, data, host, port, i), name=f"pushgw-{i}")
         for i in range(workers)
     ]
     for proc in procs:
@@ -97,22 +122,86 @@ def _serve(
     return max((p.exitcode or 0) for p in procs)
 
 
+def listen(host: str, port: int, *, reuse_port: bool, what: str = "") -> list[socket.socket]:
+    """Listening sockets on every address `host` resolves to, as aiohttp would bind them.
+
+    Raises ServeError naming host and port when any of them cannot be bound.
+    """
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    shown = f"{shown} ({what})" if what else shown
+    socks: list[socket.socket] = []
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        seen = set()
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+    except OSError as exc:
+        for sock in socks:
+            sock.close()
+        reason = exc.strerror or str(exc)
+        raise ServeError(f"cannot listen on {shown}: {reason[:1].lower()}{reason[1:]}") from None
+    return socks
+
+
+def _check_database(loaded: LoadedGateway) -> None:
+    """Fail in one line (DatabaseError, ConfigError) now when the database does not answer."""
+    from gateway.cli import database_errors, open_configured_store
+
+    async def check() -> None:
+        store = open_configured_store(loaded)
+        try:
+            with database_errors(store.url):
+                async with store.engine.connect():
+                    pass
+        finally:
+            await store.close()
+            loaded.runtime.store = None
+
+    asyncio.run(check())
+
+
+def _upgrade(loaded: LoadedGateway) -> None:
+    """Migrate once, in the parent; DatabaseError in one line when that fails."""
+    from gateway.cli import opened_store
+
+    async def upgrade() -> None:
+        async with opened_store(loaded, migrate=True):
+            pass
+
+    asyncio.run(upgrade())
+
+
 def _run_worker(
     config: str | None,
     data: dict[str, Any] | None,
     host: str,
     port: int,
-    reuse_port: bool,
     index: int = 0,
 ) -> None:
     os.environ[WORKER_ENV] = str(index)  # one-per-gateway services run in worker 0 only
 
     from gateway.app import load_gateway
 
-    _run_loaded(load_gateway(config, data=data), host, port, reuse_port)
+    try:
+        socks = listen(host, port, reuse_port=True)
+    except ServeError as exc:
+        print(f"pushgw: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    _run_loaded(load_gateway(config, data=data), socks)
 
 
-def _run_loaded(loaded: LoadedGateway, host: str, port: int, reuse_port: bool) -> None:
+def _run_loaded(loaded: LoadedGateway, socks: list[socket.socket]) -> None:
     from aiohttp import web
 
     from gateway import logs
@@ -128,9 +217,7 @@ def _run_loaded(loaded: LoadedGateway, host: str, port: int, reuse_port: bool) -
     web.run_app(
         app,
         loop=loop,
-        host=host,
-        port=port,
-        reuse_port=reuse_port,
+        sock=socks,
         shutdown_timeout=settings.server.shutdown_timeout,
         access_log=logging.getLogger("aiohttp.access") if settings.logging.access_log else None,
         print=lambda msg: print(f"{where}: {msg}", file=sys.stderr, flush=True),

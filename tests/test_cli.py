@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.testing.apns_sim import generate_apns_auth_key
 from tests.conftest import SAMPLE_PLUGIN_DIR
 
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
@@ -87,7 +88,8 @@ def test_db_upgrade(tmp_path: Path) -> None:
     )
     result = run("db", "upgrade", "--config", str(path))
     assert result.returncode == 0, result.stderr
-    assert "database at head (sqlite)" in result.stdout
+    db = tmp_path / "db.sqlite"
+    assert result.stdout == f"database at head (sqlite): sqlite+aiosqlite:///{db}\n"
 
 
 def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
@@ -98,9 +100,20 @@ def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
     (site / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
     env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(SAMPLE_PLUGIN_DIR), os.getcwd()])}
     db = tmp_path / "db.sqlite"
+    key = generate_apns_auth_key()
+    app = {
+        "type": "apns",
+        "keyfile": str(key.write_p8(tmp_path / "AuthKey.p8")),
+        "key_id": key.key_id,
+        "team_id": key.team_id,
+        "topic": "com.example.app",
+    }
     path = write_config(
         tmp_path,
-        {"store": {"url": f"sqlite+aiosqlite:///{db}"}, "plugins": {"enabled": ["sample"]}},
+        {
+            "store": {"url": f"sqlite+aiosqlite:///{db}"},
+            "plugins": {"enabled": ["sample"], "sample": {"apps": {"ios": app}}},
+        },
     )
     dead = tmp_path / "dead-tokens.jsonl"
     dead.write_text(
@@ -131,7 +144,12 @@ def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
     )
     result = run("tokens", "retire", str(dead), "--config", str(path), env=env)
     assert result.returncode == 0, result.stderr
-    assert "retired 1 tokens; skipped 1" in result.stdout
+    assert result.stdout == (
+        f"retired 1 token in sqlite+aiosqlite:///{db}; skipped 1 of plugins not enabled\n"
+    )
+    assert "pushgw: skipped 1 token of plugin other: not enabled in this configuration" in (
+        result.stderr
+    )
     import sqlite3
 
     rows = sqlite3.connect(db).execute("SELECT token_hash, reason FROM sample_invalid").fetchall()
@@ -143,6 +161,7 @@ def test_tokens_retire_rejects_a_malformed_file(tmp_path: Path) -> None:
     dead.write_text("{not json\n")
     result = run("tokens", "retire", str(dead))
     assert result.returncode == 2 and f"{dead}:1: not a dead-token record" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[str]) -> None:

@@ -3,7 +3,9 @@
 A provider's token-invalid answer (via the dispatcher) and an operator's dead-token
 file (`pushgw tokens retire`) both end here: the token's keyed hash is recorded
 (unless the push forbids persisted linkage), the invalidation is counted, and the
-owning plugin's `pushgw_token_invalid` hook is called once per token.
+owning plugin's `pushgw_token_invalid` hook is called once per token. What became of
+each token is returned (`Outcome`) for callers that report it (the CLI); a failure to
+record or a failing plugin hook never raises, so that live delivery goes on.
 
 Also the mass-invalidation guard (specs/providers.md §1): when most tokens of one
 app come back invalid, the app is misconfigured (wrong APNs environment, wrong
@@ -12,6 +14,7 @@ Firebase project) and invalidating would wipe every registration, so it is held.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict, deque
@@ -19,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 
 from gateway.core.metrics import Metrics
 from gateway.core.push import InvalidToken
@@ -27,6 +31,8 @@ from gateway.core.store import Store, invalid_tokens
 log = logging.getLogger(__name__)
 
 NotifyPlugin = Callable[[InvalidToken], Awaitable[None]]
+
+REASON_LENGTH = 64  # pushgw_invalid_tokens.reason is String(64)
 
 # Invalidations remembered so that concurrent pushes to one dead token call the hook
 # once. Short, so that a token registered again and dead again is reported again.
@@ -77,6 +83,34 @@ class InvalidationGuard:
         return n >= self.minimum and self._invalid > self.ratio * n
 
 
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What `TokenInvalidation.handle` did with one invalid token.
+
+    `handled` is False when the token was handled recently (nothing was done again).
+    `record_error` / `hook_error` say, in one line without the token, why its keyed hash
+    could not be recorded / why the owning plugin's hook failed.
+    """
+
+    handled: bool
+    record_error: str | None = None
+    hook_error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Recorded (when asked to) and told to the plugin, without an error."""
+        return self.handled and self.record_error is None and self.hook_error is None
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for an error: a database error's driver message, without SQL or parameters."""
+    cause: BaseException = exc
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        cause = exc.orig
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
+
+
 class TokenInvalidation:
     """Records invalid tokens and tells their owning plugin, once per token."""
 
@@ -88,6 +122,10 @@ class TokenInvalidation:
 
     async def report(self, invalid: InvalidToken, *, persist: bool = True) -> bool:
         """Handle one invalid token; False when it was already handled recently."""
+        return (await self.handle(invalid, persist=persist)).handled
+
+    async def handle(self, invalid: InvalidToken, *, persist: bool = True) -> Outcome:
+        """Handle one invalid token and say what happened; never raises for the store or hook."""
         key = (invalid.plugin, invalid.app_id, invalid.token_hash)
         now = time.monotonic()
         while self._recent and (
@@ -95,27 +133,31 @@ class TokenInvalidation:
         ):
             self._recent.popitem(last=False)
         if key in self._recent:
-            return False
+            return Outcome(handled=False)
         self._recent[key] = now + _RECENT_SECONDS
         provider = invalid.provider.value if invalid.provider else "none"
         self._metrics.invalid_tokens.labels(invalid.plugin, provider, invalid.app_id).inc()
+        record_error = hook_error = None
         if persist and self._store is not None:
-            await self._record(invalid)
+            record_error = await self._record(invalid)
         try:
             await self._notify(invalid)
-        except Exception:
+        except Exception as exc:
             # A plugin bug must not lose the delivery result; the record above stays.
             log.exception("token-invalid hook of plugin %s failed", invalid.plugin)
-        return True
+            hook_error = describe_error(exc)
+        return Outcome(handled=True, record_error=record_error, hook_error=hook_error)
 
-    async def _record(self, invalid: InvalidToken) -> None:
+    async def _record(self, invalid: InvalidToken) -> str | None:
+        """Record the keyed hash; the error in one line when it could not be recorded."""
         assert self._store is not None
         values = {
             "plugin": invalid.plugin,
             "app_id": invalid.app_id,
             "token_hash": invalid.token_hash,
             "provider": invalid.provider.value if invalid.provider else None,
-            "reason": invalid.reason,
+            # provider reasons are passed through as sent: cut to the column, never refused
+            "reason": invalid.reason[:REASON_LENGTH] if invalid.reason else invalid.reason,
             "invalidated_at": datetime.now(UTC),
         }
         insert = postgresql.insert if self._store.dialect == "postgresql" else sqlite.insert
@@ -123,5 +165,7 @@ class TokenInvalidation:
         try:
             async with self._store.engine.begin() as conn:
                 await conn.execute(stmt)
-        except Exception:
+        except Exception as exc:
             log.exception("could not record an invalid token for plugin %s", invalid.plugin)
+            return describe_error(exc)
+        return None
