@@ -12,13 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import inspect
 import json
 import logging
-import math
 import os
-import re
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -30,8 +27,8 @@ from gateway.config import CONFIG_ENV, ConfigError
 from gateway.context import CommandContext
 
 if TYPE_CHECKING:
-    from gateway.core.push import ProviderKind
     from gateway.core.store import Store
+    from gateway.dead_tokens import DeadToken
 
 log = logging.getLogger("pushgw")
 
@@ -239,9 +236,13 @@ async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -
     applied (database or plugin hook failure) is named by file:line, and exit status is 1.
     """
     from gateway.core.push import InvalidToken
+    from gateway.dead_tokens import DeadTokenFileError, read_dead_tokens
 
     path = Path(args.file)
-    tokens, duplicates = read_dead_tokens(path)
+    try:
+        tokens, duplicates = read_dead_tokens(path)
+    except DeadTokenFileError as exc:
+        raise UsageError(str(exc)) from None
     loaded = context.load()
     _no_config_note(args, loaded)
     todo: list[DeadToken] = []
@@ -327,130 +328,6 @@ def _skip_counts(skipped: Counter[tuple[str, str]], duplicates: int) -> str:
     ]
     shown = ", ".join(p for p in parts if p)
     return f"; skipped {shown}" if shown else ""
-
-
-@dataclasses.dataclass(frozen=True)
-class DeadToken:
-    """One checked line of a dead-token file (docs/spark.md, `dead-tokens`)."""
-
-    line: int
-    plugin: str
-    app_id: str
-    token_hash: str
-    provider: ProviderKind | None
-    reason: str | None
-
-
-TOKEN_HASH = re.compile(r"[0-9a-f]{64}")  # hex HMAC-SHA256, as receipts carry it
-
-
-def read_dead_tokens(path: Path) -> tuple[list[DeadToken], int]:
-    """Every token of a dead-token file and the number of duplicate lines, or UsageError.
-
-    The whole file is checked before anything is applied; the error names the first
-    bad line (file:line) and how many more there are.
-    """
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    tokens: list[DeadToken] = []
-    seen: set[tuple[str, str, str]] = set()
-    duplicates = 0
-    problems: list[str] = []
-    for number, raw in enumerate(data.split(b"\n"), 1):
-        try:
-            token = _dead_token(number, raw)
-        except ValueError as exc:
-            problems.append(f"{path}:{number}: {exc}")
-            continue
-        if token is None:
-            continue
-        key = (token.plugin, token.app_id, token.token_hash)
-        if key in seen:
-            duplicates += 1
-            continue
-        seen.add(key)
-        tokens.append(token)
-    if problems:
-        more = len(problems) - 1
-        tail = f" ({more} more bad line{'s' if more > 1 else ''})" if more else ""
-        raise UsageError(f"{problems[0]}{tail}; nothing was retired")
-    return tokens, duplicates
-
-
-def _dead_token(number: int, raw: bytes) -> DeadToken | None:
-    """One line checked against the documented format; ValueError says what is wrong."""
-    from gateway.core.push import ProviderKind
-
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8 text") from None
-    if not text.strip():
-        return None
-    try:
-        record = json.loads(text)
-    except ValueError as exc:
-        message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise ValueError(f"not a dead-token record (not JSON: {message})") from None
-    except RecursionError:
-        raise ValueError("not a dead-token record (JSON nested too deeply)") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"not a dead-token record (a JSON {_json_type(record)}, not an object)")
-    for key in ("plugin", "app_id", "token_hash"):
-        value = record.get(key)
-        if not isinstance(value, str) or not value:
-            got = "missing" if key not in record else f"a {_json_type(value)}"
-            got = "empty" if value == "" else got
-            raise ValueError(f"{key}: must be a non-empty string ({got})")
-    token_hash = record["token_hash"]
-    if not TOKEN_HASH.fullmatch(token_hash):
-        # Not echoed: a mistaken file could hold device tokens in clear.
-        raise ValueError(
-            "token_hash: must be 64 lowercase hex characters, the receipts' keyed "
-            f"HMAC-SHA256 (got {len(token_hash)} characters)"
-        )
-    provider = record.get("provider")
-    kinds = {p.value for p in ProviderKind}
-    if provider is not None and not (isinstance(provider, str) and provider in kinds):
-        names = ", ".join(f'"{p.value}"' for p in ProviderKind)
-        raise ValueError(f"provider: must be {names} or null, not {json.dumps(provider)[:40]}")
-    reason = record.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise ValueError(f"reason: must be a string or null (a {_json_type(reason)})")
-    failures = record.get("failures")
-    if failures is not None and (
-        isinstance(failures, bool) or not isinstance(failures, int) or failures < 0
-    ):
-        raise ValueError("failures: must be a whole number >= 0")
-    last_seen = record.get("last_seen")
-    if last_seen is not None and (
-        isinstance(last_seen, bool)
-        or not isinstance(last_seen, int | float)
-        or not math.isfinite(last_seen)
-    ):
-        raise ValueError("last_seen: must be a number (unix seconds)")
-    return DeadToken(
-        line=number,
-        plugin=record["plugin"],
-        app_id=record["app_id"],
-        token_hash=token_hash,
-        provider=ProviderKind(provider) if provider is not None else None,
-        reason=reason,
-    )
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "list" if isinstance(value, list) else "object"
 
 
 def cmd_simulate(args: argparse.Namespace, _ctx: Any) -> int:
