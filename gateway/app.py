@@ -243,6 +243,8 @@ class running_core:
                 buffer=settings.receipts.buffer,
                 file_format=settings.receipts.format,
                 on_written=gw.runtime.metrics.receipts_written.inc,
+                on_write_failed=gw.runtime.metrics.receipt_write_failures.inc,
+                on_lost=gw.runtime.metrics.receipts_lost.inc,
             )
             await self.writer.start()
         sink = _make_sink(gw, self.writer)

@@ -9,6 +9,8 @@ which ones run; `pushgw plugins` lists all installed ones.
 from __future__ import annotations
 
 import inspect
+import logging
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
@@ -20,6 +22,8 @@ from gateway import hookspecs
 from gateway.config import ConfigError
 
 ENTRY_POINT_GROUP = "pushgw.plugins"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -126,10 +130,39 @@ class PluginRegistry:
         return list(reversed(results))  # pluggy calls LIFO; report in plugin order
 
     async def broadcast_async(self, hook: str, **kwargs: Any) -> list[Any]:
+        """Call a broadcast hook whose implementations may be async, each plugin on its own.
+
+        Plugins are called in registration order, each one's awaitable awaited before
+        the next plugin is called. A plugin that raises (calling it or awaiting it) is
+        logged with its name and the kind of error, and left out of the results: the
+        other plugins are still called. Results are in registration order; None results
+        are left out, as `broadcast` does.
+        """
         out = []
-        for result in self.broadcast(hook, **kwargs):
-            out.append(await result if inspect.isawaitable(result) else result)
+        for name in self.implementers(hook):
+            try:
+                result = self.call(name, hook, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:
+                _log_hook_failure(name, hook, exc)
+                continue
+            if result is not None:
+                out.append(result)
         return out
+
+    def implementers(self, hook: str) -> list[str]:
+        """Names of the plugins implementing `hook`, in registration order."""
+        implementing = {impl.plugin_name for impl in getattr(self.pm.hook, hook).get_hookimpls()}
+        return [name for name in self.names if name in implementing]
+
+
+def _log_hook_failure(plugin: str, hook: str, exc: Exception) -> None:
+    """Log the plugin, the hook, the kind of error and where it was raised; never the
+    message, which could quote what the hook was given (a token, a payload)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    log.error("plugin %s: its %s hook raised %s%s", plugin, hook, type(exc).__name__, where)
 
 
 def installed_plugins(enabled: Iterable[str] = ()) -> list[PluginInfo]:

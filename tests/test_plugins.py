@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
+import logging
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select, text
@@ -11,8 +15,9 @@ from sqlalchemy import select, text
 from gateway import hookspecs
 from gateway.api import hookimpl
 from gateway.context import WORKER_ENV
+from gateway.core.push import Outcome, Push, Receipt
 from gateway.core.store import invalid_tokens
-from gateway.plugins import installed_plugins
+from gateway.plugins import PluginRegistry, installed_plugins
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
 from gateway.testing.fcm_sim import FcmResponse, FcmSimulator
 from gateway.testing.harness import GatewayHarness, apns_app_config, base_config, fcm_app_config
@@ -181,3 +186,56 @@ async def test_one_per_gateway_services_run_in_the_first_worker_only(
         assert plugin.service.started is runs
         services = (await (await gw.client.get("/readyz")).json())["services"]
         assert services == ({"listener": True} if runs else {})
+
+
+class _Observer:
+    """Observes push results; `fail` makes its hook raise (a plugin bug)."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.seen: list[str] = []
+
+    def observe(self, push: Push, receipt: Receipt) -> str:
+        if self.fail:
+            raise RuntimeError(f"observer bug on {push.token}")
+        self.seen.append(receipt.push_id)
+        return "seen"
+
+
+class _SyncObserver(_Observer):
+    @hookimpl
+    def pushgw_push_result(self, push: Push, receipt: Receipt) -> str:
+        return self.observe(push, receipt)
+
+
+class _AsyncObserver(_Observer):
+    @hookimpl
+    async def pushgw_push_result(self, push: Push, receipt: Receipt) -> str:
+        return self.observe(push, receipt)
+
+
+@pytest.mark.parametrize("failing_async", [False, True])
+@pytest.mark.parametrize("healthy_async", [False, True])
+async def test_a_failing_observer_does_not_hide_results_from_the_others(
+    failing_async: bool,
+    healthy_async: bool,
+    caplog: pytest.LogCaptureFixture,
+    register_secret: Any,
+) -> None:
+    register_secret("t" * 64)
+    healthy = _AsyncObserver if healthy_async else _SyncObserver
+    failing = _AsyncObserver if failing_async else _SyncObserver
+    first, second, third = healthy(fail=False), failing(fail=True), healthy(fail=False)
+    registry = PluginRegistry([], {"first": first, "broken": second, "third": third})
+    push = Push("p", "app", "t" * 64, {})
+    receipt = Receipt(push.id, "p", "app", None, Outcome.OK, 200, None, 1, 0.01, 0.0)
+    caplog.set_level(logging.ERROR)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = await registry.broadcast_async("pushgw_push_result", push=push, receipt=receipt)
+        gc.collect()  # a coroutine never awaited warns when it is collected
+    assert first.seen == third.seen == [push.id]
+    assert results == ["seen", "seen"]
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert "plugin broken: its pushgw_push_result hook raised RuntimeError" in caplog.text
+    assert "t" * 64 not in caplog.text

@@ -5,6 +5,11 @@ Each `send()` runs in the caller's task: there is no worker pool to hop through,
 an idle gateway adds no latency, and the lane's slots are the queue (their waiters
 are served in FIFO order and give up at their deadline). A lane is one plugin's app: a
 slow or broken app only ever blocks its own lane.
+
+Every push accepted by `send()` ends with a receipt, whatever happens: at shutdown
+(`drain()`) the pushes waiting for a retry or behind a closed gate are woken and end
+`transient`/`shutting_down`, and a provider client that raises (a bug: clients classify
+provider trouble into an `Attempt`) ends the push `transient`/`client_error`.
 """
 
 from __future__ import annotations
@@ -75,6 +80,9 @@ class Lane:
     gate_until: float = 0.0  # monotonic time before which the credential is throttled
 
 
+_CLIENT_FAILED = "the provider client raised an exception (see the gateway log)"
+
+
 def backoff_delay(retry: int, base: float, cap: float) -> float:
     """Exponential backoff with full jitter: uniform(0, min(cap, base * 2**retry))."""
     return random.uniform(0, min(cap, base * (2**retry)))
@@ -100,7 +108,7 @@ class Dispatcher:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._closing = False
+        self._closing = asyncio.Event()  # set by drain(): wakes retry and gate waits
         self._background: set[asyncio.Task[Receipt]] = set()
 
     # --- lanes ---------------------------------------------------------------
@@ -148,7 +156,7 @@ class Dispatcher:
                 ),
                 0,
             )
-        if self._closing:
+        if self._closing.is_set():
             return await self._final(
                 push, lane, Attempt(Outcome.TRANSIENT, reason=Reason.SHUTTING_DOWN), 0
             )
@@ -180,6 +188,7 @@ class Dispatcher:
         retries = attempts = 0
         refreshed = False
         client = lane.client
+        last: int | None = None  # HTTP status of the last attempt
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -195,18 +204,24 @@ class Dispatcher:
                     return await self._shed(
                         push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts
                     )
-                await asyncio.sleep(lane.gate_until - now)
+                if not await self._pause(lane.gate_until - now):
+                    return await self._stopped(push, lane, last, attempts)
                 continue
             if not await lane.slots.acquire(deadline):
                 return await self._shed(
                     push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts
                 )
             started = time.monotonic()
+            crashed = False
             try:
                 attempt = await client.send(push)
+            except Exception as exc:  # a client bug: still a receipt, never retried
+                attempt = self._client_failed(lane, "send", exc)
+                crashed = True
             finally:
                 lane.slots.release()
             attempts += 1
+            last = attempt.status
             finished = time.monotonic()
             self._observe_attempt(lane, attempt, finished - started)
             if lane.breaker.record(attempt.outcome, finished):
@@ -214,7 +229,7 @@ class Dispatcher:
                     lane.breaker.opened_at is not None
                 )
             outcome = attempt.outcome
-            if outcome is Outcome.OK or outcome is Outcome.PERMANENT:
+            if outcome is Outcome.OK or outcome is Outcome.PERMANENT or crashed:
                 return await self._final(push, lane, attempt, attempts)
             if outcome is Outcome.TOKEN_INVALID:
                 return await self._token_invalid(push, lane, attempt, attempts)
@@ -222,7 +237,11 @@ class Dispatcher:
                 if refreshed:
                     return await self._final(push, lane, attempt, attempts)
                 refreshed = True
-                await client.refresh_credentials()
+                try:
+                    await client.refresh_credentials()
+                except Exception as exc:
+                    failed = self._client_failed(lane, "refresh_credentials", exc)
+                    return await self._final(push, lane, failed, attempts)
                 continue
             # throttled or transient: the one retry policy
             if retries >= max_retries:
@@ -234,7 +253,38 @@ class Dispatcher:
                 return await self._final(push, lane, attempt, attempts)
             retries += 1
             lane.metrics.retries.inc()
-            await asyncio.sleep(delay)
+            if not await self._pause(delay):
+                return await self._stopped(push, lane, last, attempts)
+
+    async def _pause(self, seconds: float) -> bool:
+        """Wait `seconds` (a retry's backoff, a closed gate); False when `drain()` began."""
+        closing = self._closing
+        if closing.is_set():
+            return False
+        try:
+            async with asyncio.timeout(seconds):
+                await closing.wait()
+        except TimeoutError:
+            return True
+        return False
+
+    async def _stopped(self, push: Push, lane: Lane, status: int | None, attempts: int) -> Receipt:
+        """The final receipt of a push that was waiting to retry when shutdown began."""
+        stopped = Attempt(Outcome.TRANSIENT, status, Reason.SHUTTING_DOWN)
+        return await self._final(push, lane, stopped, attempts)
+
+    @staticmethod
+    def _client_failed(lane: Lane, call: str, exc: Exception) -> Attempt:
+        # The kind of error only: a message could quote a token or a payload.
+        log.error(
+            "app %s: the %s client's %s() raised %s; the push ends transient/%s",
+            lane.app_id,
+            lane.client.kind.value,
+            call,
+            type(exc).__name__,
+            Reason.CLIENT_ERROR,
+        )
+        return Attempt(Outcome.TRANSIENT, reason=Reason.CLIENT_ERROR, detail=_CLIENT_FAILED)
 
     def _retry_delay(self, attempt: Attempt, retries: int) -> float:
         if attempt.retry_after is not None:
@@ -347,8 +397,14 @@ class Dispatcher:
         return {f"{ln.plugin}/{ln.app_id}": ln.client.ready() for ln in self._lanes.values()}
 
     async def drain(self, timeout: float) -> bool:
-        """Refuse new pushes and wait up to `timeout` s for in-flight ones; True if all ended."""
-        self._closing = True
+        """Refuse new pushes and wait up to `timeout` s for in-flight ones; True if all ended.
+
+        Pushes in a request, or waiting for a slot, go on; pushes waiting to retry or
+        behind a closed gate end at once as `transient`/`shutting_down` (with their
+        receipts), and so does any push whose attempt fails from now on: nothing waits
+        for a retry once draining began.
+        """
+        self._closing.set()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
@@ -358,7 +414,19 @@ class Dispatcher:
             )
             return False
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close the provider clients, then wait up to `timeout` s for the pushes still in
+        flight (their requests end `transient` with the clients) to reach their receipts,
+        so that the receipts sink, closed after the dispatcher, gets them."""
+        self._closing.set()
         await asyncio.gather(
             *(lane.client.close() for lane in self._lanes.values()), return_exceptions=True
         )
+        if self._in_flight:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except TimeoutError:
+                log.warning(
+                    "shutdown: %d pushes still in flight after the provider clients closed",
+                    self._in_flight,
+                )

@@ -46,26 +46,30 @@ def resolve_proxy(explicit: str | None, url: str) -> str | None:
 
 
 def parse_retry_after(value: str | bytes | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a `Retry-After` value (delta seconds or HTTP-date)."""
+    """Seconds to wait from a `Retry-After` value (delta seconds or HTTP-date).
+
+    None for an absent or unparseable value: a provider's malformed header is ignored
+    (the dispatcher's own backoff applies), never an exception. Only ASCII is read:
+    `"\u00b2"` passes `str.isdigit()` and `"\u0661"` passes `float()`, and neither is
+    a delta-seconds of RFC 9110.
+    """
     if value is None:
         return None
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     value = value.strip()
-    if not value:
+    if not value or not value.isascii():
         return None
-    if value.isdigit():
-        return float(value)
     try:
-        seconds = float(value)
+        seconds = float(value)  # delta-seconds, and the decimals some servers send
     except ValueError:
         pass
     else:
         return max(seconds, 0.0) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when is None:
+            return None
+        return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when is None:
-        return None
-    return max(when.timestamp() - (time.time() if now is None else now), 0.0)

@@ -108,6 +108,16 @@ class Metrics:
         self.receipts_written = Counter(
             "pushgw_receipts_written", "Receipt records written", registry=r
         )
+        self.receipt_write_failures = Counter(
+            "pushgw_receipt_write_failures",
+            "Failed attempts to write or publish receipt files (retried with backoff)",
+            registry=r,
+        )
+        self.receipts_lost = Counter(
+            "pushgw_receipts_lost",
+            "Accepted receipt records never written: writing still failed at shutdown",
+            registry=r,
+        )
 
     @overload
     def tally(self, child: Histogram) -> HistogramTally: ...

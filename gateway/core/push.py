@@ -86,6 +86,7 @@ class Reason:
     TIMEOUT = "timeout"
     CONNECTION_ERROR = "connection_error"
     SHUTTING_DOWN = "shutting_down"
+    CLIENT_ERROR = "client_error"  # a provider client raised instead of classifying
 
 
 @dataclass(frozen=True, slots=True)

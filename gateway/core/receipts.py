@@ -1,26 +1,34 @@
 """The receipts sink: every final outcome as a JSON Lines record (see docs/receipts.md).
 
 Records go through a bounded buffer to one writer thread, so file I/O never runs on
-the event loop; files are rolled by time and size, and renamed from `.jsonl.open` to
-`.jsonl` when complete so readers never see a half-written file. With the Parquet
-format, a rolled file is converted to `.parquet` instead (still in the writer thread),
-and kept as `.jsonl` if that fails. At start, the `.jsonl.open` files of writers that
-no longer run (a crash) are finished the same way.
+the event loop; files are rolled by time (also while no record arrives) and size, and
+renamed from `.jsonl.open` to `.jsonl` when complete so readers never see a
+half-written file. With the Parquet format, a rolled file is converted to `.parquet`
+instead (still in the writer thread), and kept as `.jsonl` if that fails. At start, the
+`.jsonl.open` files of writers that no longer run (a crash) are finished the same way.
+
+A failed write (disk full, file too large, I/O error) or a failed publishing rename
+loses nothing: the records stay in the buffer, the failure is logged (never a record)
+and counted, and the writer tries again with backoff. Only `close()` gives up, after
+one last attempt: it counts and logs the records it could not write, and returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from gateway.config import ReceiptsFormat
 from gateway.core.push import Receipt
@@ -29,7 +37,8 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 _FLUSH_INTERVAL = 0.25  # seconds a record may wait in memory before it is written
-_STOP: dict[str, Any] = {}  # sentinel queued by close()
+_RETRY_BASE = 0.5  # seconds before the first retry of a failed write; doubles per failure
+_RETRY_CAP = 10.0  # longest wait between two attempts
 _OPEN_NAME = re.compile(r"receipts-\d{8}T\d{6}Z-(\d{1,9})-\d+\.jsonl\.open")
 # No writer of this process can have written a file before this module was imported.
 _PROCESS_STARTED = time.time()
@@ -139,10 +148,23 @@ def _recover_one(path: Path, file_format: ReceiptsFormat) -> None:
     log.info("receipts: recovered %s, left by a process that no longer runs", path.name)
 
 
+class WriteFailed(Exception):
+    """Appending a batch failed; its first `written` lines are in a file all the same."""
+
+    def __init__(self, cause: Exception, written: int) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.written = written
+
+
 class RollingFile:
     """Appends lines to `receipts-*.jsonl.open`, publishing it (`finish`) when it rolls.
 
-    Used only from the writer thread.
+    Used only from the writer thread. A batch is appended whole or not at all: after a
+    failed write the file is cut back to its last complete batch. When even that fails,
+    the file is rolled as it is (its last line may be cut, as after a crash) and
+    `WriteFailed.written` says how many of the batch's lines it holds. A rolled file
+    whose publishing fails stays in `unpublished` and is retried by `publish()`.
     """
 
     def __init__(
@@ -156,34 +178,103 @@ class RollingFile:
         self.roll_seconds = roll_seconds
         self.roll_bytes = roll_bytes
         self.file_format = file_format
-        self._file: IO[str] | None = None
+        self.unpublished: list[Path] = []
+        self._fd: int | None = None
         self._path: Path | None = None
-        self._opened = 0.0
-        self._size = 0
+        self._opened = 0.0  # time.monotonic() at open
+        self._size = 0  # bytes of complete batches
         self._seq = 0
 
     def write(self, lines: list[str]) -> None:
-        if self._file is not None and self._due():
-            self.close()
-        if self._file is None:
+        """Append `lines`, each ending in a newline; raise `WriteFailed` or OSError."""
+        self.roll_if_due()
+        if self._fd is None:
             self._open()
-        assert self._file is not None
-        chunk = "".join(lines)
-        self._file.write(chunk)
-        self._file.flush()
-        self._size += len(chunk)
+        assert self._fd is not None
+        data = "".join(lines).encode()
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(data):
+                done += self._write_some(self._fd, view[done:])
+        except OSError as exc:
+            raise self._cut_back(data, done, exc) from exc
+        self._size += len(data)
+
+    def _cut_back(self, data: bytes, done: int, exc: OSError) -> WriteFailed:
+        """Take back the part of a failed batch that reached the file."""
+        assert self._fd is not None
+        try:
+            self._truncate(self._fd, self._size)
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._detach()  # queued for publishing all the same
+            return WriteFailed(exc, data.count(b"\n", 0, done))
+        return WriteFailed(exc, 0)
+
+    # The file operations, one place each (tests put failures here).
+    @staticmethod
+    def _write_some(fd: int, data: memoryview) -> int:
+        return os.write(fd, data)
+
+    @staticmethod
+    def _truncate(fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    @staticmethod
+    def _publish(path: Path, file_format: ReceiptsFormat) -> None:
+        finish(path, file_format)
 
     def _due(self) -> bool:
-        return self._size >= self.roll_bytes or time.time() - self._opened >= self.roll_seconds
+        return self._size >= self.roll_bytes or time.monotonic() - self._opened >= self.roll_seconds
+
+    def due_in(self) -> float | None:
+        """Seconds until the open file must roll; None when no file is open."""
+        if self._fd is None:
+            return None
+        if self._size >= self.roll_bytes:
+            return 0.0
+        return max(self._opened + self.roll_seconds - time.monotonic(), 0.0)
+
+    def roll_if_due(self) -> None:
+        if self._fd is not None and self._due():
+            self._detach()
 
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._seq += 1
         start = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        self._path = self.directory / f"receipts-{start}-{os.getpid()}-{self._seq:04d}.jsonl.open"
-        self._file = self._path.open("a", encoding="utf-8")
-        self._opened = time.time()
+        path = self.directory / f"receipts-{start}-{os.getpid()}-{self._seq:04d}.jsonl.open"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        self._fd = os.open(path, flags, 0o666)
+        self._path = path
+        self._opened = time.monotonic()
         self._size = 0
+
+    def _detach(self) -> None:
+        """Stop writing the open file and queue it for publishing."""
+        fd, path = self._fd, self._path
+        self._fd = self._path = None
+        if path is not None:
+            self.unpublished.append(path)
+        if fd is not None:
+            os.close(fd)  # the descriptor is released even when this raises
+
+    def publish(self) -> None:
+        """Publish every rolled file (`finish`); raise the first error, keeping the files
+        that failed for the next call."""
+        error: OSError | None = None
+        for path in list(self.unpublished):
+            try:
+                self._publish(path, self.file_format)
+            except FileNotFoundError:
+                pass  # published by hand meanwhile
+            except OSError as exc:
+                error = error or exc
+                continue
+            self.unpublished.remove(path)
+        if error is not None:
+            raise error
 
     def start(self) -> None:
         """Load pyarrow now rather than at the first roll, then recover crashed files."""
@@ -195,16 +286,19 @@ class RollingFile:
         recover(self.directory, self.file_format)
 
     def close(self) -> None:
-        if self._file is None or self._path is None:
-            return
-        self._file.close()
-        finish(self._path, self.file_format)
-        self._file = None
-        self._path = None
+        """Roll the open file and publish every rolled one; raise if one stays unpublished."""
+        if self._fd is not None:
+            self._detach()
+        self.publish()
 
 
 class ReceiptWriter:
-    """Bounded, asynchronous receipt writer; `put()` waits only when the buffer is full."""
+    """Bounded, asynchronous receipt writer; `put()` waits only when the buffer is full.
+
+    `on_written(n)`, `on_write_failed()` and `on_lost(n)` (metrics) are called on the
+    event loop: n records written; one failed attempt to write or publish (retried);
+    n accepted records given up at `close()` because writing still failed.
+    """
 
     def __init__(
         self,
@@ -215,12 +309,24 @@ class ReceiptWriter:
         buffer: int = 50_000,
         file_format: ReceiptsFormat = "jsonl",
         on_written: Callable[[int], None] | None = None,
+        on_write_failed: Callable[[], None] | None = None,
+        on_lost: Callable[[int], None] | None = None,
     ) -> None:
         self._file = RollingFile(Path(directory), roll_seconds, roll_bytes, file_format)
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=buffer)
+        self._capacity = buffer
+        # Accepted records not yet written, oldest first. Only the writer loop removes
+        # them, and only once they are in a file.
+        self._records: deque[dict[str, Any]] = deque()
+        self._wake = asyncio.Event()  # records arrived, or close() began
+        self._space = asyncio.Event()  # the writer made room in the buffer
+        self._closing = asyncio.Event()
+        self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="receipts")
         self._task: asyncio.Task[None] | None = None
         self._on_written = on_written
+        self._on_write_failed = on_write_failed
+        self._on_lost = on_lost
+        self.lost = 0  # accepted records that were never written
 
     async def start(self) -> None:
         """Recover what crashed writers left (in the writer thread), then start writing."""
@@ -229,37 +335,145 @@ class ReceiptWriter:
 
     async def put(self, receipt: Receipt) -> None:
         record = receipt_record(receipt)
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
-            await self._queue.put(record)  # back-pressure: nothing accepted is dropped
+        while len(self._records) >= self._capacity and not self._closed:
+            self._space.clear()
+            await self._space.wait()  # back-pressure: nothing accepted is dropped
+        if self._closed:
+            self._lose(1, "arrived after the writer closed")
+            return
+        self._records.append(record)
+        self._wake.set()
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        stopping = False
-        while not stopping:
-            batch = [await self._queue.get()]
-            await asyncio.sleep(_FLUSH_INTERVAL)  # batch: one write per interval, not per record
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            if batch[-1] is _STOP:
-                stopping = True
-                batch.pop()
-            if batch:
-                await loop.run_in_executor(self._executor, self._write, batch)
+        failures = 0
+        while True:
+            if failures:
+                await _wait(self._closing, _retry_delay(failures))
+            elif not self._records and not self._closing.is_set():
+                self._wake.clear()
+                # Wake for records, for close(), or when the open file is due to roll.
+                await _wait(self._wake, self._file.due_in())
+                if self._records:
+                    await _wait(self._closing, _FLUSH_INTERVAL)  # one write per interval
+            else:
+                await _wait(self._closing, _FLUSH_INTERVAL)
+            closing = self._closing.is_set()  # then this is the last attempt
+            error = await self._flush()
+            if error is None:
+                if failures:
+                    log.warning("receipts: writing again after %d failed attempt(s)", failures)
+                failures = 0
+                if closing and not self._records:
+                    return
+                continue
+            failures += 1
+            if self._on_write_failed is not None:
+                self._on_write_failed()
+            if closing:
+                log.warning("receipts: writing failed at shutdown (%s), giving up", _why(error))
+                return
+            log.warning(
+                "receipts: writing failed (%s); %d record(s) kept in memory, "
+                "next attempt in %.1f s (failure %d)",
+                _why(error),
+                len(self._records),
+                _retry_delay(failures),
+                failures,
+            )
 
-    def _write(self, batch: list[dict[str, Any]]) -> None:
-        encode = _encode_record
-        lines = [encode(r) + "\n" for r in batch]
-        self._file.write(lines)
-        if self._on_written:
-            self._on_written(len(lines))
+    async def _flush(self) -> Exception | None:
+        """Write the buffered records, roll the file if due and publish rolled files (in
+        the writer thread); the error of a step that failed, else None."""
+        records = self._records
+        batch = list(itertools.islice(records, len(records)))
+        loop = asyncio.get_running_loop()
+        written, error = await loop.run_in_executor(self._executor, self._step, batch)
+        if written:
+            for _ in range(written):
+                records.popleft()
+            self._space.set()
+            if self._on_written is not None:
+                self._on_written(written)
+        return error
+
+    def _step(self, batch: list[dict[str, Any]]) -> tuple[int, Exception | None]:
+        """Writer thread: (records written, the first error)."""
+        written, error = 0, None
+        try:
+            if batch:
+                encode = _encode_record
+                self._file.write([encode(r) + "\n" for r in batch])
+                written = len(batch)
+            self._file.roll_if_due()
+        except WriteFailed as exc:
+            written, error = exc.written, exc.cause
+        except Exception as exc:
+            error = exc
+        try:
+            self._file.publish()
+        except Exception as exc:
+            error = error or exc
+        return written, error
 
     async def close(self) -> None:
-        """Write everything accepted so far, then close and publish the current file."""
+        """Write everything accepted so far, then close and publish the current file.
+
+        Never hangs on a failing disk: after one last attempt, the records still
+        unwritten are counted (`on_lost`) and logged, and a file that cannot be
+        published stays `.jsonl.open` for the next start to publish (see `recover`).
+        """
+        if self._closed:
+            return
+        self._closing.set()
+        self._wake.set()
         if self._task is not None:
-            await self._queue.put(_STOP)  # after every accepted record: nothing is lost
-            await self._task
+            try:
+                await self._task
+            except Exception as exc:  # a bug in the loop: still close, still count
+                log.error("receipts: the writer failed: %s", type(exc).__name__)
             self._task = None
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._file.close)
+        self._closed = True
+        self._space.set()  # a put() waiting for room now counts its record as lost
+        if self._records:
+            self._lose(len(self._records), "could not be written")
+            self._records.clear()
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._file.close)
+        except Exception as exc:
+            log.warning(
+                "receipts: %d file(s) stay .jsonl.open (%s); the next start publishes them",
+                len(self._file.unpublished),
+                _why(exc),
+            )
         self._executor.shutdown(wait=True)
+
+    def _lose(self, count: int, why: str) -> None:
+        self.lost += count
+        if self._on_lost is not None:
+            self._on_lost(count)
+        log.error("receipts: %d accepted receipt record(s) %s and are lost", count, why)
+
+
+async def _wait(event: asyncio.Event, timeout: float | None) -> None:
+    """Until `event` is set or `timeout` seconds passed (None: no limit)."""
+    if event.is_set():
+        return
+    if timeout is None:
+        await event.wait()
+        return
+    if timeout <= 0:
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
+def _retry_delay(failures: int) -> float:
+    return min(_RETRY_CAP, _RETRY_BASE * 2 ** (failures - 1))
+
+
+def _why(error: BaseException) -> str:
+    """The kind of a write error, for the log: never a record."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return type(error).__name__

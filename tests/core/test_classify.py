@@ -298,6 +298,13 @@ def test_parse_fcm_error_tolerates_garbage() -> None:
         ("nan", None),
         ("garbage", None),
         ("Wed, 21 Oct 2015 07:28:00 GMT", 10.0),
+        # ignored, never an exception: digits float() refuses or that are not ASCII
+        ("\u00b2", None),  # superscript two: str.isdigit() is True
+        (b"\xb2", None),
+        ("\u0661\u0662", None),  # Arabic-Indic digits: float() reads them
+        ("inf", None),
+        ("9" * 400, None),  # overflows to inf
+        ("Mon, 01 Jan 99999 00:00:00 GMT", None),
     ],
 )
 def test_parse_retry_after(value: str | bytes | None, expected: float | None) -> None:

@@ -4,6 +4,7 @@ deadline, Retry-After, gates, shedding, circuit breaking, the invalidation guard
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -12,17 +13,27 @@ from typing import Any
 
 import pytest
 
+from gateway.app import load_gateway, running_core
 from gateway.config import ApnsAppConfig, DeliveryConfig, FcmAppConfig
 from gateway.context import TokenHasher
 from gateway.core.apns import ApnsClient
 from gateway.core.dispatcher import Dispatcher, backoff_delay
 from gateway.core.fcm import FcmClient
 from gateway.core.metrics import Metrics
-from gateway.core.push import InvalidToken, Outcome, Push, PushPolicy, Reason, Receipt
+from gateway.core.push import (
+    Attempt,
+    InvalidToken,
+    Outcome,
+    ProviderKind,
+    Push,
+    PushPolicy,
+    Reason,
+    Receipt,
+)
 from gateway.core.tokens import TokenInvalidation
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
 from gateway.testing.fcm_sim import FcmResponse, FcmSimulator
-from gateway.testing.harness import apns_app_config, fcm_app_config
+from gateway.testing.harness import apns_app_config, base_config, fcm_app_config
 
 FAST = {"backoff_base": 0.02, "backoff_cap": 0.1, "throttle_backoff": 0.2}
 
@@ -411,3 +422,198 @@ def test_invalidation_guard_memory_does_not_grow_with_the_rate() -> None:
     assert not guard.tripped
     assert guard._sends == sum(b[1] for b in guard._buckets)
     assert 295_000 <= guard._sends <= 300_000  # the last five minutes, within one bucket
+
+
+# --- shutdown and client bugs: every accepted push still ends with a receipt ----------
+
+
+class ScriptedClient:
+    """A provider client whose `send` answers `answer(push)` (or raises what it raises)."""
+
+    kind = ProviderKind.FCM
+    max_in_flight = 10
+
+    def __init__(self, app_id: str, answer: Callable[[Push], Any]) -> None:
+        self.app_id = app_id
+        self.answer = answer
+        self.sent: list[str] = []
+        self.called = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.refresh_error: Exception | None = None
+
+    def validate(self, push: Push) -> Attempt | None:
+        return None
+
+    async def start(self) -> None:
+        pass
+
+    async def send(self, push: Push) -> Attempt:
+        self.sent.append(push.token)
+        self.called.set()
+        result = self.answer(push)
+        if asyncio.iscoroutine(result):
+            result = await result
+        assert isinstance(result, Attempt)
+        return result
+
+    async def refresh_credentials(self) -> None:
+        if self.refresh_error is not None:
+            raise self.refresh_error
+
+    def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        self.closed.set()
+
+
+def scripted_dispatcher(
+    client: ScriptedClient, receipts: list[Receipt], **delivery: Any
+) -> Dispatcher:
+    async def sink(_push: Push, receipt: Receipt) -> None:
+        receipts.append(receipt)
+
+    async def notify(_invalid: InvalidToken) -> None:
+        pass
+
+    metrics = Metrics()
+    dispatcher = Dispatcher(
+        DeliveryConfig(**{**FAST, **delivery}),
+        metrics,
+        TokenInvalidation(None, metrics, notify),
+        TokenHasher(b"k"),
+        sink,
+    )
+    dispatcher.add_app("p", client.app_id, client)
+    return dispatcher
+
+
+async def test_drain_ends_pushes_waiting_to_retry_or_behind_a_closed_gate() -> None:
+    quota = Attempt(
+        Outcome.THROTTLED, 429, "QUOTA_EXCEEDED", retry_after=30.0, credential_wide=True
+    )
+    client = ScriptedClient("android", lambda push: quota)
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    retrying = asyncio.create_task(
+        dispatcher.send(Push("p", "android", "t1", {}, policy=PushPolicy(deadline=50)))
+    )
+    await client.called.wait()  # answered: t1 now waits 30 s to retry, the gate is closed
+    gated = asyncio.create_task(
+        dispatcher.send(Push("p", "android", "t2", {}, policy=PushPolicy(deadline=50)))
+    )
+    await asyncio.sleep(0)  # one loop step: t2 runs up to the closed gate (no time passes)
+    assert dispatcher._lanes[("p", "android")].pending == 2
+
+    assert await dispatcher.drain(timeout=5.0)  # at once, not after 30 s or the timeout
+    first, second = await retrying, await gated
+    assert (first.outcome, first.reason, first.status, first.attempts) == (
+        Outcome.TRANSIENT,
+        Reason.SHUTTING_DOWN,
+        429,
+        1,
+    )
+    assert (second.outcome, second.reason, second.status, second.attempts) == (
+        Outcome.TRANSIENT,
+        Reason.SHUTTING_DOWN,
+        None,
+        0,
+    )
+    assert client.sent == ["t1"]  # neither is sent again once draining began
+    assert sorted(r.push_id for r in receipts) == sorted([first.push_id, second.push_id])
+    await dispatcher.close()
+
+
+async def test_close_waits_for_the_sends_the_clients_ended() -> None:
+    async def until_closed(_push: Push) -> Attempt:
+        await client.closed.wait()  # as a real client: pending sends end when it closes
+        return Attempt(Outcome.TRANSIENT, reason=Reason.CONNECTION_ERROR)
+
+    client = ScriptedClient("android", until_closed)
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    task = dispatcher.submit(Push("p", "android", "t3", {}, policy=PushPolicy(deadline=50)))
+    await client.called.wait()
+    assert not await dispatcher.drain(timeout=0.05)  # the request is still out
+    await dispatcher.close()
+    # the receipt reached the sink before close() returned (the receipts writer closes next)
+    assert [(r.outcome, r.reason, r.attempts) for r in receipts] == [
+        (Outcome.TRANSIENT, Reason.SHUTTING_DOWN, 1)
+    ]
+    assert task.done() and dispatcher.in_flight == 0
+
+
+@pytest.mark.parametrize("call", ["send", "refresh_credentials"])
+async def test_a_provider_client_that_raises_still_gives_a_receipt(
+    call: str, secrets_seen: set[str], caplog: pytest.LogCaptureFixture, register_secret: Any
+) -> None:
+    tok = token(700)
+    secrets_seen.add(tok)
+    register_secret(tok)
+
+    def answer(push: Push) -> Attempt:
+        if call == "send":
+            raise ValueError(f"could not convert {push.token!r}")  # a bug quoting the token
+        return Attempt(Outcome.AUTH, 403, "InvalidProviderToken")
+
+    client = ScriptedClient("android", answer)
+    client.refresh_error = RuntimeError(f"refresh failed for {tok}")
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    receipt = await dispatcher.send(Push("p", "android", tok, {}))
+    assert (receipt.outcome, receipt.reason, receipt.attempts) == (
+        Outcome.TRANSIENT,
+        Reason.CLIENT_ERROR,
+        1,
+    )
+    assert receipts == [receipt]
+    assert client.sent == [tok]  # a bug is not retried
+    assert dispatcher.in_flight == 0
+    kind = "ValueError" if call == "send" else "RuntimeError"
+    assert f"client's {call}() raised {kind}" in caplog.text
+    # the autouse no_secrets_in_logs fixture checks that the token was not logged
+    await dispatcher.close()
+
+
+async def test_an_unparseable_retry_after_is_ignored(rig_factory: Callable[..., Any]) -> None:
+    rig = await rig_factory()
+    # "\u00b2" passes str.isdigit() and fails float(): it used to escape from send()
+    rig.fcm.script("ftok9", FcmResponse.unavailable(retry_after="\u00b2"), FcmResponse.ok())
+    receipt = await rig.dispatcher.send(rig.push("android", "ftok9"))
+    assert receipt.outcome is Outcome.OK and receipt.attempts == 2
+    assert rig.receipts == [receipt]
+
+
+async def test_shutdown_writes_the_receipts_of_pushes_waiting_to_retry(
+    sample_plugin_installed: str, tmp_path: Path
+) -> None:
+    async with FcmSimulator() as fcm:
+        config = base_config(
+            tmp_path,
+            {"sample": {"apps": {"android": fcm_app_config(fcm, tmp_path)}}},
+            server={"shutdown_timeout": 5.0},
+        )
+        gateway = load_gateway(data=config)
+        fcm.script_all(FcmResponse.unavailable(retry_after=30))
+        async with running_core(gateway):
+            dispatcher = gateway.runtime.dispatcher
+            assert dispatcher is not None
+            task = dispatcher.submit(
+                Push("sample", "android", "ftok10", {"data": {}}, policy=PushPolicy(deadline=50))
+            )
+            await fcm.wait_for_requests(1)
+        # the core stopped: the push did not wait 30 s, and its receipt is in a published file
+        assert task.done()
+        assert (task.result().outcome, task.result().reason) == (
+            Outcome.TRANSIENT,
+            Reason.SHUTTING_DOWN,
+        )
+        (published,) = (tmp_path / "receipts").iterdir()
+        assert published.suffix == ".jsonl"
+        (record,) = [json.loads(line) for line in published.read_text().splitlines()]
+        assert (record["status"], record["reason"], record["http_status"], record["attempts"]) == (
+            "transient",
+            "shutting_down",
+            503,
+            1,
+        )

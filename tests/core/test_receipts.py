@@ -1,8 +1,10 @@
-"""The receipts writer: JSON Lines or Parquet rollover, and recovery of crashed writers' files."""
+"""The receipts writer: JSON Lines or Parquet rollover, recovery of crashed writers' files,
+and writing through disk failures."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import logging
@@ -20,7 +22,7 @@ from gateway.app import load_gateway, running_core
 from gateway.core import receipts as receipts_module
 from gateway.core import receipts_parquet
 from gateway.core.push import Outcome, Receipt
-from gateway.core.receipts import ReceiptsFormat, ReceiptWriter, receipt_record
+from gateway.core.receipts import ReceiptsFormat, ReceiptWriter, RollingFile, receipt_record
 from gateway.testing.harness import base_config
 from spark_plugins import synthetic
 
@@ -298,3 +300,246 @@ async def test_open_file_already_converted_before_a_crash_is_removed(
     assert names(tmp_path) == [converted.name]
     assert parquet_rows([converted]) == records
     assert f"recovered {path.name}" in caplog.text
+
+
+# --- failures of the disk, and rolling on time ------------------------------------------
+
+
+class Disk:
+    """Stands in for the writer's file operations: fails the next `failures` batches.
+
+    A failing batch goes as a full disk does it: a first write takes `partial` bytes,
+    the next one raises ENOSPC. Calls come from the writer thread; `failed` and
+    `published` are set on the event loop.
+    """
+
+    def __init__(self, failures: int, partial: int = 10) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.failures = failures
+        self.partial = partial
+        self.cut = False
+        self.failed = asyncio.Event()
+        self.published = asyncio.Event()
+        self.truncate_fails = False
+        self.publish_failures = 0
+
+    def write_some(self, fd: int, data: memoryview) -> int:
+        if not self.failures:
+            return os.write(fd, data)
+        if not self.cut and len(data) > self.partial:
+            self.cut = True
+            return os.write(fd, data[: self.partial])
+        self.cut = False
+        self.failures -= 1
+        self.loop.call_soon_threadsafe(self.failed.set)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def truncate(self, fd: int, size: int) -> None:
+        if self.truncate_fails:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        os.ftruncate(fd, size)
+
+    def publish(self, path: Path, file_format: ReceiptsFormat) -> None:
+        if self.publish_failures:
+            self.publish_failures -= 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        receipts_module.finish(path, file_format)
+        self.loop.call_soon_threadsafe(self.published.set)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(RollingFile, "_write_some", staticmethod(self.write_some))
+        monkeypatch.setattr(RollingFile, "_truncate", staticmethod(self.truncate))
+        monkeypatch.setattr(RollingFile, "_publish", staticmethod(self.publish))
+
+
+class Counts:
+    """The writer's metric callbacks, as events a test can wait for."""
+
+    def __init__(self) -> None:
+        self.written: asyncio.Queue[int] = asyncio.Queue()
+        self.failures = 0
+        self.failed = asyncio.Event()
+        self.lost = 0
+
+    def on_written(self, n: int) -> None:
+        self.written.put_nowait(n)
+
+    def on_write_failed(self) -> None:
+        self.failures += 1
+        self.failed.set()
+
+    def on_lost(self, n: int) -> None:
+        self.lost += n
+
+    def writer(self, directory: Path, **options: Any) -> ReceiptWriter:
+        return ReceiptWriter(
+            directory,
+            on_written=self.on_written,
+            on_write_failed=self.on_write_failed,
+            on_lost=self.on_lost,
+            **options,
+        )
+
+
+def lines_of(directory: Path) -> list[str]:
+    return [line for path in sorted(directory.iterdir()) for line in path.read_text().splitlines()]
+
+
+async def test_a_failed_write_is_retried_and_nothing_is_lost_or_doubled(
+    tmp_path: Path,
+    secrets_seen: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(receipts_module, "_RETRY_BASE", 0.01)
+    disk = Disk(failures=2)
+    disk.install(monkeypatch)
+    counts = Counts()
+    writer = counts.writer(tmp_path)
+    await writer.start()
+    items = make_receipts(20, secrets_seen)
+    for receipt in items[:10]:
+        await writer.put(receipt)
+    assert await counts.written.get() == 10  # after two failed attempts, all of them
+    assert counts.failures == 2
+    for receipt in items[10:]:
+        await writer.put(receipt)
+    await writer.close()
+    (only,) = tmp_path.iterdir()
+    assert only.name.endswith(".jsonl")
+    # the parts of the failed attempts that reached the file were taken back
+    assert only.read_text() == jsonl(receipt_record(r) for r in items)
+    assert "writing failed (No space left on device); 10 record(s) kept in memory" in caplog.text
+    assert "writing again after 2 failed attempt(s)" in caplog.text
+    assert counts.lost == writer.lost == 0
+    # the autouse no_secrets_in_logs fixture checks that no push id or hash was logged
+
+
+async def test_a_failed_write_that_cannot_be_taken_back_is_not_written_twice(
+    tmp_path: Path, secrets_seen: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(receipts_module, "_RETRY_BASE", 0.01)
+    items = make_receipts(5, secrets_seen)
+    records = [receipt_record(r) for r in items]
+    first_line = len(jsonl(records[:1]))
+    disk = Disk(failures=1, partial=first_line + 7)  # one line and the start of the next
+    disk.truncate_fails = True
+    disk.install(monkeypatch)
+    counts = Counts()
+    writer = counts.writer(tmp_path)
+    await writer.start()
+    for receipt in items:
+        await writer.put(receipt)
+    assert await counts.written.get() == 1  # the line that made it into the first file
+    assert await counts.written.get() == 4  # the others, into a new file
+    await writer.close()
+    first, second = sorted(tmp_path.iterdir())
+    assert first.name.endswith("-0001.jsonl") and second.name.endswith("-0002.jsonl")
+    # the first file ends with a cut line, as after a crash: the Spark jobs skip it
+    assert first.read_text() == jsonl(records[:1]) + jsonl(records[1:2])[:7]
+    assert second.read_text() == jsonl(records[1:])
+
+
+async def test_close_gives_up_after_one_last_attempt_and_counts_the_loss(
+    tmp_path: Path,
+    secrets_seen: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(receipts_module, "_RETRY_BASE", 3600.0)  # only close() ends the wait
+    disk = Disk(failures=10**9)
+    disk.install(monkeypatch)
+    counts = Counts()
+    writer = counts.writer(tmp_path, buffer=2)
+    await writer.start()
+    items = make_receipts(3, secrets_seen)
+    for receipt in items[:2]:
+        await writer.put(receipt)
+    await counts.failed.wait()
+    blocked = asyncio.create_task(writer.put(items[2]))  # the buffer is full: back-pressure
+    await asyncio.sleep(0)  # one loop step: the put() is now waiting for room
+    assert not blocked.done()
+    await asyncio.wait_for(writer.close(), 10)  # a bound for a failing test, not a sleep
+    await blocked  # released by close(), not stuck
+    assert counts.lost == writer.lost == 3
+    assert counts.failures == 2  # the first attempt and the last one
+    assert "2 accepted receipt record(s) could not be written and are lost" in caplog.text
+    assert "1 accepted receipt record(s) arrived after the writer closed" in caplog.text
+    assert names(tmp_path) == []  # the empty file was removed, nothing half-written stays
+
+
+async def test_a_failed_rename_at_rollover_is_retried(
+    tmp_path: Path, secrets_seen: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(receipts_module, "_RETRY_BASE", 0.01)
+    disk = Disk(failures=0)
+    disk.publish_failures = 2
+    disk.install(monkeypatch)
+    counts = Counts()
+    writer = counts.writer(tmp_path, roll_bytes=1)  # every batch rolls its file
+    await writer.start()
+    items = make_receipts(6, secrets_seen)
+    for receipt in items[:3]:
+        await writer.put(receipt)
+    await disk.published.wait()  # third attempt, while the writer kept running
+    assert counts.failures == 2
+    (published,) = tmp_path.iterdir()
+    assert published.name.endswith("-0001.jsonl")
+    for receipt in items[3:]:
+        await writer.put(receipt)
+    await writer.close()
+    assert [p.name[-10:] for p in sorted(tmp_path.iterdir())] == ["0001.jsonl", "0002.jsonl"]
+    assert lines_of(tmp_path) == [
+        json.dumps(receipt_record(r), separators=(",", ":")) for r in items
+    ]
+
+
+async def test_the_gateway_counts_failed_receipt_writes(
+    tmp_path: Path, secrets_seen: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(receipts_module, "_RETRY_BASE", 3600.0)  # the shutdown retries
+    disk = Disk(failures=1)
+    disk.install(monkeypatch)
+    gateway = load_gateway(data=base_config(tmp_path, {}))
+    items = make_receipts(3, secrets_seen)
+    core = running_core(gateway)
+    async with core:
+        assert core.writer is not None
+        for receipt in items:
+            await core.writer.put(receipt)
+        await disk.failed.wait()
+    text = gateway.runtime.metrics.exposition().decode()
+    assert "pushgw_receipt_write_failures_total 1.0" in text
+    assert "pushgw_receipts_lost_total 0.0" in text
+    assert "pushgw_receipts_written_total 3.0" in text
+    (published,) = (tmp_path / "receipts").iterdir()
+    assert published.read_text() == jsonl(receipt_record(r) for r in items)
+
+
+@pytest.mark.parametrize("file_format", ["jsonl", "parquet"])
+async def test_an_idle_file_rolls_on_time(
+    tmp_path: Path,
+    secrets_seen: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+    file_format: ReceiptsFormat,
+) -> None:
+    loop = asyncio.get_running_loop()
+    rolled = asyncio.Event()
+    real_finish = receipts_module.finish
+
+    def finish(path: Path, fmt: ReceiptsFormat) -> None:
+        real_finish(path, fmt)
+        loop.call_soon_threadsafe(rolled.set)
+
+    monkeypatch.setattr(receipts_module, "finish", finish)
+    writer = ReceiptWriter(tmp_path, roll_seconds=0.2, file_format=file_format)
+    await writer.start()
+    items = make_receipts(3, secrets_seen)
+    for receipt in items:
+        await writer.put(receipt)
+    # no record arrives after these: the file is published when its time is up
+    await asyncio.wait_for(rolled.wait(), 10)  # a bound for a failing test, not a sleep
+    (published,) = tmp_path.iterdir()
+    assert published.suffix == f".{file_format}"
+    await writer.close()
+    assert names(tmp_path) == [published.name]
