@@ -2,6 +2,10 @@
 
 What may be logged is decided where a message is written: the core logs app ids,
 plugin names, reasons and counts, never tokens, keys or notification content.
+Tracebacks are the one thing no call site controls: an exception's message may quote
+what the failing code was given (a token in a plugin's error, SQL parameters in a
+database error). So every formatter here prints a traceback's frames and exception
+types, never the messages (`redacted_traceback`).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import json
 import logging
 import sys
 import time
+import traceback
+from typing import Any
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -41,7 +47,50 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
-class JsonFormatter(logging.Formatter):
+def redacted_traceback(exc: BaseException) -> str:
+    """The traceback of `exc` and the exceptions chained to it: frames and exception
+    types, each message replaced by a note that it was withheld."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    parts: list[str] = []
+    for item in reversed(chain):
+        if parts:
+            parts.append("\nwhich led to:\n")
+        parts.append("Traceback (most recent call last):\n")
+        parts.extend(traceback.format_list(traceback.extract_tb(item.__traceback__)))
+        kind = type(item)
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
+        parts.append(f"{name} (message withheld: it may quote tokens or content)")
+    return "".join(parts)
+
+
+class RedactingFormatter(logging.Formatter):
+    """A `logging.Formatter` whose tracebacks leave out exception messages."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        # `logging.Formatter` caches the traceback text on the record, and another
+        # handler's formatter (with messages) may have filled that cache first.
+        cached, record.exc_text = record.exc_text, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_text = cached
+
+    def formatException(self, ei: Any) -> str:
+        exc = ei[1]
+        return redacted_traceback(exc) if exc is not None else super().formatException(ei)
+
+
+class JsonFormatter(RedactingFormatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -63,7 +112,7 @@ def configure(level: str = "INFO", json_format: bool = False) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+            RedactingFormatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -62,3 +62,36 @@ def test_level_above_warning_also_holds_for_the_quiet_loggers() -> None:
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
         logs.quiet_third_party()
+
+
+def _raise_chained(secret: str) -> None:
+    try:
+        raise KeyError(secret)
+    except KeyError as exc:
+        raise RuntimeError(f"could not send to {secret}") from exc
+
+
+@pytest.mark.parametrize("json_format", [False, True])
+def test_tracebacks_keep_frames_and_types_but_not_messages(json_format: bool) -> None:
+    secret = "0badc0de" * 8  # a device token an exception message quotes
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    buffer = io.StringIO()
+    try:
+        logs.configure("INFO", json_format=json_format)
+        handler = root.handlers[0]
+        assert isinstance(handler, logging.StreamHandler)
+        handler.setStream(buffer)
+        try:
+            _raise_chained(secret)
+        except RuntimeError:
+            logging.getLogger("gateway.test").exception("sending failed")
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        logs.quiet_third_party()
+    written = buffer.getvalue()
+    assert "sending failed" in written
+    assert "_raise_chained" in written  # the frames are there
+    assert "KeyError" in written and "RuntimeError" in written  # both links of the chain
+    assert secret not in written
