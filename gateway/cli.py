@@ -1,10 +1,11 @@
 """The `pushgw` command.
 
-Every user mistake (bad config, bad argument, bad input file, port in use) is a
-one-line message on stderr and exit status 2. Something that could not be done for
-another reason (the database is unreachable or refuses, a plugin hook failed) is
-reported in one line per problem and exit status 1. Tracebacks are only for our own
-bugs. See docs/cli.md.
+Every user mistake (bad config, bad argument, bad input file, port in use) is
+reported on stderr (one line per problem) with exit status 2. Something that could not
+be done for another reason (the database is unreachable or refuses, a plugin hook
+failed) is reported in one line per problem with exit status 1. A reader of stdout that
+goes away (`| head`) ends the command quietly with status 141, as SIGPIPE would.
+Tracebacks are only for our own bugs. See docs/cli.md.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway import __version__
-from gateway.config import CONFIG_ENV, ConfigError
+from gateway.config import CONFIG_ENV, ENV_PREFIX, ConfigError
 from gateway.context import CommandContext
 
 if TYPE_CHECKING:
@@ -82,12 +83,13 @@ def _config_data_from_sygnal(args: argparse.Namespace) -> None:
 
 
 def _no_config_note(args: argparse.Namespace, loaded: Any) -> None:
-    """Say so when a command that writes runs on the built-in defaults."""
+    """Say so when a command that writes runs on the built-in defaults (and, when any
+    `PUSHGW__...` variable is set, on those overrides too)."""
     if loaded.source is None and getattr(args, "config_data", None) is None:
-        print(
-            f"pushgw: no --config or ${CONFIG_ENV}: using the built-in defaults",
-            file=sys.stderr,
-        )
+        using = "the built-in defaults"
+        if loaded.settings.env_origins:
+            using += f" and {ENV_PREFIX} environment overrides"
+        print(f"pushgw: no --config or ${CONFIG_ENV}: using {using}", file=sys.stderr)
 
 
 def shown_url(url: str) -> str:
@@ -466,7 +468,35 @@ def _plugin_commands(subparsers: Any) -> None:
     registry.broadcast("pushgw_commands", subparsers=subparsers)
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`pushgw spark list | head -1`): stop quietly.
+
+    Python ignores SIGPIPE, so a write into a closed pipe raises BrokenPipeError; the
+    shell convention is to end as SIGPIPE would, without a word. What is still buffered
+    for stdout goes to /dev/null, else the interpreter's own flush at exit fails again.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status (docs/cli.md)."""
+    try:
+        try:
+            return _run_command(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit, so that a reader gone away is seen
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
     parser = build_parser(_plugin_commands)
     args = parser.parse_args(argv)
     if not hasattr(args, "config"):

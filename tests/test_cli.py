@@ -51,6 +51,20 @@ def test_version() -> None:
     assert result.returncode == 0 and result.stdout.startswith("pushgw ")
 
 
+@pytest.mark.parametrize("args", [["spark", "list"], ["plugins"]])
+def test_a_closed_stdout_ends_the_command_quietly_with_141(args: list[str]) -> None:
+    """`pushgw spark list | head -1`: no BrokenPipeError traceback, the SIGPIPE status."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes a byte: no race
+    try:
+        result = subprocess.run(
+            [*PUSHGW, *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
 def test_plugins_lists_the_builtins() -> None:
     result = run("plugins", "--json")
     assert result.returncode == 0, result.stderr

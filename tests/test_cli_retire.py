@@ -306,6 +306,22 @@ def test_db_upgrade_without_a_config_names_the_database(
     assert (tmp_path / "var" / "pushgw.db").exists()
 
 
+def test_the_no_config_note_names_environment_overrides(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PUSHGW_CONFIG", raising=False)
+    monkeypatch.setenv("PUSHGW__STORE__URL", f"sqlite+aiosqlite:///{tmp_path / 'env.db'}")
+    assert pushgw(["db", "upgrade"]) == 0
+    out, err = capsys.readouterr()
+    assert err == (
+        "pushgw: no --config or $PUSHGW_CONFIG: "
+        "using the built-in defaults and PUSHGW__ environment overrides\n"
+    )
+    assert out == f"database at head (sqlite): sqlite+aiosqlite:///{tmp_path / 'env.db'}\n"
+    assert (tmp_path / "env.db").exists() and not (tmp_path / "var").exists()
+
+
 # --- the outcomes the CLI reports, from the one invalidation path ---------------------
 
 

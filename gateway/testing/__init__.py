@@ -4,8 +4,17 @@
 - `FcmSimulator`: FCM HTTP v1 + OAuth token endpoint, scriptable per token or project.
 - `SimulatorCA`: the throw-away CA both serve TLS with.
 - `serve_simulators()`: start both and write a ready state directory (for `pushgw simulate`).
+- `GatewayHarness`: a whole gateway on a test server, with `base_config`,
+  `apns_app_config` and `fcm_app_config` to point a plugin's apps at the simulators.
 - `gateway.testing.pytest_plugin`: pytest fixtures.
+
+The harness names are imported on first use (they load the whole gateway), so that
+importing this package, as the pytest plugin does, stays as light as the simulators.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from gateway.testing.apns_sim import (
     APNS_PUSH_TYPES,
@@ -20,6 +29,25 @@ from gateway.testing.certs import APNS_HOSTNAMES, FCM_HOSTNAMES, SimulatorCA
 from gateway.testing.fcm_sim import FcmRequest, FcmResponse, FcmSimulator, make_service_account
 from gateway.testing.runner import SimulatorInfo, serve_simulators
 
+if TYPE_CHECKING:
+    from gateway.testing.harness import (
+        GatewayHarness,
+        apns_app_config,
+        base_config,
+        fcm_app_config,
+    )
+
+_HARNESS = frozenset({"GatewayHarness", "apns_app_config", "base_config", "fcm_app_config"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HARNESS:
+        from gateway.testing import harness
+
+        return getattr(harness, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "APNS_HOSTNAMES",
     "APNS_PUSH_TYPES",
@@ -32,8 +60,12 @@ __all__ = [
     "FcmRequest",
     "FcmResponse",
     "FcmSimulator",
+    "GatewayHarness",
     "SimulatorCA",
     "SimulatorInfo",
+    "apns_app_config",
+    "base_config",
+    "fcm_app_config",
     "generate_apns_auth_key",
     "make_service_account",
     "serve_simulators",

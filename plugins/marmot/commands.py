@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from plugins.marmot.keys import ServerKey, nsec_encode
@@ -35,6 +36,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     marmot.set_defaults(handler=lambda args, ctx: (marmot.print_help(), 2)[1])
 
 
+def _usage_error(message: str) -> int:
+    """A mistake to fix first: one line on stderr, exit status 2 (docs/cli.md)."""
+    print(f"pushgw marmot: {message}", file=sys.stderr)
+    return 2
+
+
 def _emit(data: dict[str, str], as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
@@ -48,7 +55,12 @@ def cmd_keygen(args: argparse.Namespace, _ctx: Any) -> int:
     key = ServerKey.generate()
     data = {"npub": key.npub, "pubkey_hex": key.pubkey_hex}
     if args.secret_file:
-        fd = os.open(args.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(args.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return _usage_error(f"--secret-file {args.secret_file}: exists; not overwritten")
+        except OSError as exc:
+            return _usage_error(f"--secret-file {args.secret_file}: {exc.strerror}")
         with os.fdopen(fd, "w") as fh:
             fh.write(key.secret.hex() + "\n")
         data["secret_key_file"] = str(args.secret_file)
@@ -65,8 +77,7 @@ def cmd_pubkey(args: argparse.Namespace, ctx: Any) -> int:
     loaded = ctx.load()
     context = loaded.contexts.get("marmot")
     if context is None or not isinstance(context.config, MarmotConfig):
-        print("pushgw: error: the marmot plugin is not enabled in this config")
-        return 2
+        return _usage_error("the marmot plugin is not enabled in this configuration")
     key = context.config.server_key
     _emit({"npub": key.npub, "pubkey_hex": key.pubkey_hex}, args.json)
     return 0

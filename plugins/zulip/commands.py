@@ -9,10 +9,11 @@
     pushgw zulip keys remove PUBLIC [--file PATH]
     pushgw zulip gc [--older-than 30d] [--dry-run]
 
-Bouncer keys live in the JSON file named by `plugins.zulip.bouncer_keys_file` (the same
-`{public: private}` shape as Zulip's `push_registration_encryption_keys`); a running
-gateway picks up changes on restart. Output never contains a private key, a server
-key hash or a device token.
+Bouncer keys live in the JSON file named by `plugins.zulip.bouncer_keys_file` or `--file`
+(the same `{public: private}` shape as Zulip's `push_registration_encryption_keys`); a
+running gateway picks up changes on restart. Without either (keys inline in the config,
+or none), `keys generate|add|remove` exit with status 2, a configuration mistake.
+Output never contains a private key, a server key hash or a device token.
 """
 
 from __future__ import annotations
@@ -95,9 +96,19 @@ MAX_REASON_LEN = 255
 """The `disabled_reason` columns' length (PostgreSQL enforces it)."""
 
 
-def _fail(message: str) -> int:
+EXIT_FAILED = 1
+EXIT_USAGE = 2  # a mistake to fix first: the configuration or the arguments (docs/cli.md)
+
+
+def _fail(message: str, status: int = EXIT_FAILED) -> int:
     print(f"pushgw zulip: {message}", file=sys.stderr)
-    return 1
+    return status
+
+
+NO_KEYS_FILE = (
+    "no key file: set plugins.zulip.bouncer_keys_file, or pass --file PATH "
+    "(keys given inline as plugins.zulip.bouncer_keys cannot be changed by this command)"
+)
 
 
 @contextlib.asynccontextmanager
@@ -110,7 +121,7 @@ async def open_store(command_context: CommandContext) -> AsyncIterator[tuple[Asy
 def _config(loaded: Any) -> ZulipConfig:
     context = loaded.contexts.get(PLUGIN)
     if context is None or not isinstance(context.config, ZulipConfig):
-        raise SystemExit(_fail("the zulip plugin is not enabled in this configuration"))
+        raise SystemExit(_fail("the zulip plugin is not enabled in this configuration", EXIT_USAGE))
     return context.config
 
 
@@ -235,7 +246,7 @@ async def cmd_enable(args: argparse.Namespace, command_context: CommandContext) 
 def cmd_keys_generate(args: argparse.Namespace, command_context: CommandContext) -> int:
     path = _keys_file(args, command_context)
     if path is None:
-        return _fail("set plugins.zulip.bouncer_keys_file or pass --file")
+        return _fail(NO_KEYS_FILE, EXIT_USAGE)
     try:
         keys = _read_keys(path)
     except ValueError as exc:
@@ -267,7 +278,7 @@ def cmd_keys_list(args: argparse.Namespace, command_context: CommandContext) -> 
 def cmd_keys_remove(args: argparse.Namespace, command_context: CommandContext) -> int:
     path = _keys_file(args, command_context)
     if path is None:
-        return _fail("set plugins.zulip.bouncer_keys_file or pass --file")
+        return _fail(NO_KEYS_FILE, EXIT_USAGE)
     try:
         keys = _read_keys(path)
     except ValueError as exc:

@@ -234,7 +234,10 @@ def test_keygen_secret_file_and_pubkey(tmp_path: Path) -> None:
     key = ServerKey.parse(secret.read_text())
     assert key.npub in result.stdout and key.secret.hex() not in result.stdout
     assert "nsec" not in result.stdout
-    assert _pushgw("marmot", "keygen", "--secret-file", str(secret)).returncode != 0  # no overwrite
+    again = _pushgw("marmot", "keygen", "--secret-file", str(secret))
+    assert again.returncode == 2 and again.stdout == ""  # no overwrite, no traceback
+    assert again.stderr == f"pushgw marmot: --secret-file {secret}: exists; not overwritten\n"
+    assert ServerKey.parse(secret.read_text()).secret == key.secret
     marmot = section()
     del marmot["server_secret_key"]
     marmot["server_secret_key_file"] = str(secret)
@@ -253,3 +256,13 @@ def test_keygen_secret_file_and_pubkey(tmp_path: Path) -> None:
     shown = _pushgw("marmot", "pubkey", "--config", str(config), "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout) == {"npub": key.npub, "pubkey_hex": key.pubkey_hex}
+
+
+def test_pubkey_without_the_plugin_is_one_line_on_stderr(tmp_path: Path) -> None:
+    config = tmp_path / "pushgw.yaml"
+    config.write_text(json.dumps({"plugins": {"enabled": []}}))
+    result = _pushgw("marmot", "pubkey", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert (
+        result.stderr == "pushgw marmot: the marmot plugin is not enabled in this configuration\n"
+    )

@@ -74,6 +74,27 @@ def test_keys_generate_list_remove(config: Path, capsys: pytest.CaptureFixture[s
     assert main(["-c", str(config), "zulip", "keys", "remove", public]) == 1
 
 
+def test_keys_generate_without_a_key_file_is_a_config_mistake(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As on config/local.yaml: keys inline, no bouncer_keys_file; --file is the way."""
+    config = tmp_path / "pushgw.yaml"
+    data = {
+        "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'pushgw.db'}"},
+        "plugins": {"enabled": ["zulip"], "zulip": {"bouncer_keys": {}}},
+    }
+    config.write_text(yaml.safe_dump(data))
+    for command in (["generate"], ["add"], ["remove", "somekey"]):
+        assert main(["-c", str(config), "zulip", "keys", *command]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("pushgw zulip: no key file: set plugins.zulip.bouncer_keys_file")
+        assert "--file" in err and err.count("\n") == 1
+    keys_file = tmp_path / "var" / "keys.json"
+    assert main(["-c", str(config), "zulip", "keys", "generate", "--file", str(keys_file)]) == 0
+    public = capsys.readouterr().out.strip()
+    assert set(json.loads(keys_file.read_text())) == {public}
+
+
 def test_add_server_disable_and_servers(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     org_id, key = str(uuid.uuid4()), random_key()
     args = [
