@@ -174,9 +174,9 @@ async def cmd_add_server(args: argparse.Namespace, command_context: CommandConte
         validate_hostname(args.hostname)
         validate_email(args.email)
     except ZulipError as exc:
-        return _fail(exc.msg)
+        return _fail(exc.msg, EXIT_USAGE)
     if len(key) != 64:
-        return _fail("--key must be 64 characters")
+        return _fail("--key must be 64 characters", EXIT_USAGE)
     async with open_store(command_context) as (engine, _loaded), engine.begin() as conn:
         if await repo.get_server(conn, org_id) is not None:
             return _fail(f"server {org_id} is already registered")
@@ -223,7 +223,7 @@ async def _set_disabled(
 ) -> int:
     reason = getattr(args, "reason", None)
     if reason is not None and len(reason) > MAX_REASON_LEN:
-        return _fail(f"--reason is too long (limit: {MAX_REASON_LEN} characters)")
+        return _fail(f"--reason is too long (limit: {MAX_REASON_LEN} characters)", EXIT_USAGE)
     async with open_store(command_context) as (engine, _loaded), engine.begin() as conn:
         if args.server:
             found = await repo.set_server_disabled(conn, args.server, disabled, reason)
@@ -299,7 +299,7 @@ async def cmd_gc(args: argparse.Namespace, command_context: CommandContext) -> i
                 parse_duration(args.older_than) if args.older_than else config.gc_older_than
             )
         except ValueError as exc:
-            return _fail(str(exc))
+            return _fail(str(exc), EXIT_USAGE)
         counts = await collect(engine, older_than, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     print(f"{verb} {counts.e2ee_expired} expired E2EE registrations")
