@@ -8,6 +8,12 @@ Outputs (in `--out`):
   `success_rate` (`ok / total`), `attempts` (provider requests), `retries`
   (sum of `attempts - 1` over pushes with at least one attempt), `retried` (pushes with
   more than one attempt), `latency_p50/p95/p99/mean/max` in milliseconds.
+
+  Latencies are over the pushes that reached a provider (`attempts >= 1`) only: a push
+  the gateway refused or dropped before sending (`queue_full`, `payload_too_large`,
+  `unknown_app`, ... with `attempts` 0) ends in about no time and would drag the
+  percentiles down. Every count is over all pushes. A group in which no push was sent
+  has null latency columns.
 - `reasons.parquet/`, `reasons.csv`: (hour, plugin, provider, app_id, status, reason) ->
   `count`; `reason` is empty when the receipt has none.
 - `hourly.parquet/`, `hourly.csv`: the same numbers over all plugins and apps, per hour.
@@ -112,21 +118,30 @@ def hour_col(ts: Column) -> Column:
     return F.timestamp_seconds((F.floor(ts / 3600) * 3600).cast("long"))
 
 
+def sent_latency() -> Column:
+    """`latency_ms` of a push that reached a provider (`attempts >= 1`), else null: the
+    latency columns are over sent pushes only (aggregates skip nulls)."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.col("attempts") >= 1, F.col("latency_ms"))
+
+
 def _latency_aggs(options: Mapping[str, Any]) -> list[Column]:
     from pyspark.sql import functions as F
 
     mode = options["percentiles"]
+    latency = sent_latency()
     quantiles = F.array(*[F.lit(q) for q in QUANTILES])
     if mode == "exact":
-        pct = F.percentile(F.col("latency_ms"), quantiles)
+        pct = F.percentile(latency, quantiles)
     elif mode == "approx":
-        pct = F.percentile_approx(F.col("latency_ms"), quantiles, int(options["accuracy"]))
+        pct = F.percentile_approx(latency, quantiles, int(options["accuracy"]))
     else:  # the option's choices rule this out for resolved options
         raise OptionError(f"option percentiles: exact or approx here, not {mode!r}")
     return [
         pct.alias("_pct"),
-        F.avg("latency_ms").alias("latency_mean"),
-        F.max("latency_ms").alias("latency_max"),
+        F.avg(latency).alias("latency_mean"),
+        F.max(latency).alias("latency_max"),
     ]
 
 
@@ -173,17 +188,19 @@ def has_sketches() -> bool:
 
 def fine_rows(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     """One aggregation over the input at the finest grain (the reasons table's), with a
-    KLL sketch of the latencies of each row."""
+    KLL sketch of the latencies of each row's sent pushes (`_sent` of them)."""
     from pyspark.sql import functions as F
 
+    latency = sent_latency()
     return receipts.groupBy(hour_col(F.col("ts")).alias("hour"), *GROUP, "status", "reason").agg(
         F.count(F.lit(1)).alias("count"),
         F.sum("attempts").alias("attempts"),
         F.sum(F.greatest(F.col("attempts") - 1, F.lit(0))).alias("retries"),
         F.count(F.when(F.col("attempts") > 1, 1)).alias("retried"),
-        F.sum("latency_ms").alias("_latency_sum"),
-        F.max("latency_ms").alias("latency_max"),
-        F.kll_sketch_agg_double("latency_ms", int(options["sketch_k"])).alias("_sketch"),
+        F.count(latency).alias("_sent"),
+        F.sum(latency).alias("_latency_sum"),
+        F.max(latency).alias("latency_max"),
+        F.kll_sketch_agg_double(latency, int(options["sketch_k"])).alias("_sketch"),
     )
 
 
@@ -200,12 +217,17 @@ def tables_from_fine(fine: DataFrame) -> dict[str, DataFrame]:
         aggs.append(F.sum(F.when(~status.isin(*STATUSES), n).otherwise(0)).alias("other"))
         aggs += [F.sum(c).alias(c) for c in ("attempts", "retries", "retried")]
         aggs += [
-            (F.sum("_latency_sum") / F.sum(n)).alias("latency_mean"),
+            F.try_divide(F.sum("_latency_sum"), F.sum("_sent")).alias("latency_mean"),
             F.max("latency_max").alias("latency_max"),
             F.kll_merge_agg_double("_sketch").alias("_sketch"),
+            F.sum("_sent").alias("_sent"),
         ]
         sketch = F.col("_sketch")
-        quantiles = [F.kll_sketch_get_quantile_double(sketch, F.lit(q)) for q in QUANTILES]
+        # an empty sketch (no push sent) has no quantile: the function would raise
+        quantiles = [
+            F.when(F.col("_sent") > 0, F.kll_sketch_get_quantile_double(sketch, F.lit(q)))
+            for q in QUANTILES
+        ]
         return _finish(fine.groupBy(*by).agg(*aggs).withColumn("_pct", F.array(*quantiles)), by)
 
     return {

@@ -1,11 +1,21 @@
 """`volume-anomalies`: hours whose volume or failure rate departs from the trailing baseline.
 
 Receipts are counted per UTC hour and group (option `by`, default `plugin`; any of
-`plugin`, `provider`, `app_id`, comma-separated, or empty for the whole gateway). Each
-group's series is made dense from its first hour to the newest hour in the data (an
-hour without receipts has volume 0: a silent hour is a drop, not a gap). For each hour,
-the baseline is the previous `baseline_hours` hours (default 24; the hour itself is not
-included); an hour is judged only once `min_baseline_hours` (default 6) of history exist.
+`plugin`, `provider`, `app_id`, comma-separated, or empty for the whole gateway). A null
+group value (`provider` of a push for an unknown app) is a group of its own: null in
+Parquet, an empty field in CSV. Each group's series is made dense from its first hour
+to the newest hour in the data (an hour without receipts has volume 0: a silent hour is
+a drop, not a gap). For each hour, the baseline is the previous `baseline_hours` hours
+(default 24; the hour itself is not included); an hour is judged only once
+`min_baseline_hours` (default 6) of history exist.
+
+An hour is complete when it ended at or before `now` (option, unix seconds; default:
+the newest receipt's time, so the newest hour is incomplete). An incomplete hour is
+still filling: it is never judged a `volume_drop` (its volume can only grow), but it is
+judged for spikes. Over a running gateway, receipts become readable only when their
+file rolls (docs/receipts.md); with several writers, give `now` = the time of the run
+minus `receipts.roll_seconds` so that hours still missing a writer's open file are not
+judged for drops either.
 
 With `factor` F (default 3):
 
@@ -17,7 +27,8 @@ With `factor` F (default 3):
 
 Outputs: `anomalies.parquet/` + `anomalies.csv` (hour, group, kind, volume,
 baseline_volume, failures, failure_rate, baseline_failure_rate, ratio) and
-`volume.parquet/` + `volume.csv` (every hour of every group with its baseline).
+`volume.parquet/` + `volume.csv` (every hour of every group with its baseline, and
+`complete`).
 """
 
 from __future__ import annotations
@@ -79,6 +90,13 @@ OPTIONS = (
         maximum=1,
     ),
     JobOption(
+        "now",
+        float,
+        None,
+        "hours ending after this unix time are incomplete (default: newest receipt)",
+        minimum=0,
+    ),
+    JobOption(
         "max_bad_lines",
         int,
         100,
@@ -100,7 +118,11 @@ def check_options(options: Mapping[str, Any]) -> None:
 
 
 def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
-    """Dense hourly series per group with the trailing baseline of each hour."""
+    """Dense hourly series per group with the trailing baseline of each hour.
+
+    Null group values (a push for an unknown app has no provider) form a group of their
+    own: the grid is joined to the counts null-safely.
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -109,13 +131,28 @@ def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     counts = receipts.groupBy(hour.alias("h"), *by).agg(
         F.count(F.lit(1)).alias("volume"),
         F.count(F.when(F.col("status") != "ok", 1)).alias("failures"),
+        F.max("ts").alias("newest"),
     )
-    last = counts.agg(F.max("h").alias("last"))
+    now = options.get("now")
+    end = F.lit(float(now)) if now is not None else F.max("newest")
+    last = counts.agg(F.max("h").alias("last"), end.alias("end"))
     firsts = counts.groupBy(*by).agg(F.min("h").alias("first"))
     grid = firsts.crossJoin(last).select(
-        *by, F.explode(F.sequence("first", "last", F.lit(3600).cast("long"))).alias("h")
+        *by,
+        F.explode(F.sequence("first", "last", F.lit(3600).cast("long"))).alias("h"),
+        "end",
     )
-    dense = grid.join(counts, on=["h", *by], how="left").fillna(0, subset=["volume", "failures"])
+    g, c = grid.alias("g"), counts.alias("c")
+    same = F.col("g.h") == F.col("c.h")
+    for column in by:  # null == null is null in SQL: an unknown app's hours would be lost
+        same = same & F.col(f"g.{column}").eqNullSafe(F.col(f"c.{column}"))
+    dense = g.join(c, on=same, how="left").select(
+        F.col("g.h").alias("h"),
+        *[F.col(f"g.{column}").alias(column) for column in by],
+        F.coalesce(F.col("c.volume"), F.lit(0)).alias("volume"),
+        F.coalesce(F.col("c.failures"), F.lit(0)).alias("failures"),
+        ((F.col("g.h") + 3600) <= F.col("g.end")).alias("complete"),
+    )
     n = int(options["baseline_hours"])
     window = (Window.partitionBy(*by) if by else Window.partitionBy()).orderBy("h")
     trailing = window.rowsBetween(-n, -1)
@@ -129,6 +166,7 @@ def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
         F.count(F.lit(1)).over(trailing).alias("baseline_hours"),
         F.avg("volume").over(trailing).alias("baseline_volume"),
         F.try_divide(F.sum("failures").over(trailing), base_volume).alias("baseline_failure_rate"),
+        "complete",
     )
 
 
@@ -150,7 +188,10 @@ def anomalies(series: DataFrame, options: Mapping[str, Any]) -> DataFrame:
                 F.lit("volume_spike"),
             ),
             F.when(
-                judged & (base >= int(options["min_volume"])) & (volume < base / factor),
+                judged
+                & F.col("complete")  # a still-filling hour's volume can only grow
+                & (base >= int(options["min_volume"]))
+                & (volume < base / factor),
                 F.lit("volume_drop"),
             ),
             F.when(

@@ -33,8 +33,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def sent_latencies(rows: Iterable[dict[str, Any]]) -> list[float]:
+    """Latencies of the pushes that reached a provider (`attempts >= 1`): the report's
+    latency columns leave out pushes refused before sending."""
+    return [r["latency_ms"] for r in rows if r["attempts"] >= 1]
+
+
 def _metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    latencies = [r["latency_ms"] for r in rows]
+    latencies = sent_latencies(rows)
+    sent = bool(latencies)  # no push sent: null latency columns
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     return {
         "total": len(rows),
@@ -44,11 +51,11 @@ def _metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "attempts": sum(r["attempts"] for r in rows),
         "retries": sum(max(r["attempts"] - 1, 0) for r in rows),
         "retried": sum(r["attempts"] > 1 for r in rows),
-        "latency_p50": percentile(latencies, 0.5),
-        "latency_p95": percentile(latencies, 0.95),
-        "latency_p99": percentile(latencies, 0.99),
-        "latency_mean": sum(latencies) / len(latencies),
-        "latency_max": max(latencies),
+        "latency_p50": percentile(latencies, 0.5) if sent else None,
+        "latency_p95": percentile(latencies, 0.95) if sent else None,
+        "latency_p99": percentile(latencies, 0.99) if sent else None,
+        "latency_mean": sum(latencies) / len(latencies) if sent else None,
+        "latency_max": max(latencies) if sent else None,
     }
 
 
@@ -122,28 +129,33 @@ def dead_tokens(
 def volume_anomalies(
     records: Iterable[dict[str, Any]],
     *,
+    by: tuple[str, ...] = ("plugin",),
+    now: float | None = None,
     factor: float = 3.0,
     baseline_hours: int = 24,
     min_baseline_hours: int = 6,
     min_volume: int = 20,
     min_failures: int = 10,
     min_failure_rate: float = 0.01,
-) -> dict[tuple[int, str, str], dict[str, Any]]:
-    """(hour, plugin, kind) -> numbers, grouping by plugin (the default)."""
-    volume: dict[tuple[str, int], int] = defaultdict(int)
-    failures: dict[tuple[str, int], int] = defaultdict(int)
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """(hour, *group, kind) -> numbers; a group is the values of the `by` columns (None
+    is a value like any other). An hour ending after `now` (default: the newest receipt)
+    is never a `volume_drop`."""
+    volume: dict[tuple[Any, ...], int] = defaultdict(int)
+    failures: dict[tuple[Any, ...], int] = defaultdict(int)
     records = list(records)
     for r in records:
-        key = (r["plugin"], hour(r["ts"]))
+        key = (tuple(r[c] for c in by), hour(r["ts"]))
         volume[key] += 1
         failures[key] += r["status"] != "ok"
     last = max(h for _, h in volume)
+    end = now if now is not None else max(r["ts"] for r in records)
     found = {}
-    for plugin in {p for p, _ in volume}:
-        first = min(h for p, h in volume if p == plugin)
+    for group in {g for g, _ in volume}:
+        first = min(h for g, h in volume if g == group)
         hours = list(range(first, last + 1, 3600))
-        vols = [volume.get((plugin, h), 0) for h in hours]
-        fails = [failures.get((plugin, h), 0) for h in hours]
+        vols = [volume.get((group, h), 0) for h in hours]
+        fails = [failures.get((group, h), 0) for h in hours]
         for i, h in enumerate(hours):
             prev = range(max(0, i - baseline_hours), i)
             if len(prev) < min_baseline_hours:
@@ -153,10 +165,11 @@ def volume_anomalies(
             base_rate = sum(fails[j] for j in prev) / base_vol_sum if base_vol_sum else None
             rate = fails[i] / vols[i] if vols[i] else None
             floor = max(base_rate or 0.0, min_failure_rate)
+            numbers = {"volume": vols[i], "baseline": base}
             if vols[i] >= min_volume and vols[i] > base * factor:
-                found[(h, plugin, "volume_spike")] = {"volume": vols[i], "baseline": base}
-            if base >= min_volume and vols[i] < base / factor:
-                found[(h, plugin, "volume_drop")] = {"volume": vols[i], "baseline": base}
+                found[(h, *group, "volume_spike")] = numbers
+            if h + 3600 <= end and base >= min_volume and vols[i] < base / factor:
+                found[(h, *group, "volume_drop")] = numbers
             if fails[i] >= min_failures and rate is not None and rate > floor * factor:
-                found[(h, plugin, "failure_spike")] = {"volume": vols[i], "baseline": base}
+                found[(h, *group, "failure_spike")] = numbers
     return found

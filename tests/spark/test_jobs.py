@@ -114,7 +114,7 @@ def test_approximate_percentiles_within_rank_bound(
         assert got[hour]["latency_max"] == want["latency_max"]
     by_hour: dict[int, list[float]] = {}
     for r in records:
-        by_hour.setdefault(reference.hour(r["ts"]), []).append(r["latency_ms"])
+        by_hour.setdefault(reference.hour(r["ts"]), []).extend(reference.sent_latencies([r]))
     for hour, values in by_hour.items():
         ordered = sorted(values)
         n = len(ordered)
@@ -126,6 +126,62 @@ def test_approximate_percentiles_within_rank_bound(
             hi = n - 1 - ordered[::-1].index(value)
             slack = 2 * n / 100 + 1
             assert lo - slack <= q * n <= hi + slack
+
+
+@pytest.mark.parametrize("mode", ["sketch", "exact", "approx"])
+def test_latency_leaves_out_pushes_refused_before_sending(
+    spark: Any, tmp_path: Path, mode: str
+) -> None:
+    """Pushes refused locally (`attempts` 0, about no latency) count in every count but
+    not in the latency columns; a group with no push sent has null latencies."""
+    from gateway.core.push import Outcome
+    from tests.spark.conftest import START, receipt
+
+    t = START + 2 * 3600
+    items = [
+        receipt(t + i, Outcome.TRANSIENT, token="", attempts=0, latency=0.0002, reason="queue_full")
+        for i in range(6)
+    ]
+    items += [receipt(t + 10 + i, Outcome.OK, token="", latency=0.1 + i / 100) for i in range(4)]
+    items += [  # a push for an app the gateway does not know: no provider, never sent
+        receipt(
+            t + 20 + i,
+            Outcome.PERMANENT,
+            token="",
+            app_id="nope",
+            provider=None,
+            attempts=0,
+            latency=0.0001,
+            reason="unknown_app",
+        )
+        for i in range(3)
+    ]
+    synthetic.write_with_receipt_writer(items, tmp_path)
+    records = reference.load(tmp_path)
+    options = delivery_report.JOB.resolve_options({"percentiles": mode})
+    tables = delivery_report.build_tables(read_receipts(spark, str(tmp_path)).df, options)
+    summary = {(r["app_id"], r["provider"]): r.asDict() for r in tables["summary"].collect()}
+    (hourly,) = [r.asDict() for r in tables["hourly"].collect()]
+    sent = summary[("im.vector.app.ios", "apns")]
+    refused = summary[("nope", None)]
+    assert (sent["total"], sent["ok"], sent["transient"], sent["attempts"]) == (10, 4, 6, 4)
+    assert (refused["total"], refused["permanent"], refused["attempts"]) == (3, 3, 0)
+    assert hourly["total"] == 13
+    latency = ["latency_p50", "latency_p95", "latency_p99", "latency_mean", "latency_max"]
+    assert all(refused[name] is None for name in latency)
+    for row in (sent, hourly):
+        assert row["latency_max"] == 130.0
+        assert row["latency_mean"] == pytest.approx(115.0, rel=1e-9)
+        for name in latency[:3]:  # sketch and approx give one of the sent latencies
+            assert 100.0 <= row[name] <= 130.0, (name, row[name])
+    if mode == "exact":
+        expected = reference.delivery_summary(records)
+        assert len(expected) == len(summary)
+        for (_, _, provider, app_id), want in expected.items():
+            row = summary[(app_id, provider)]
+            for name, value in want.items():
+                assert row[name] == (value if value is None else pytest.approx(value)), name
+        assert sent["latency_p50"] == pytest.approx(115.0)
 
 
 def test_dead_tokens_file(
@@ -199,6 +255,99 @@ def test_volume_anomalies_match_python(
     assert (start + 30 * h, "matrix", "volume_spike") in got
     assert (start + 40 * h, "status", "failure_spike") in got
     assert Path(result.outputs["anomalies.csv"]).read_text().startswith("hour,plugin,kind,")
+
+
+def _anomalies(rows: list[dict[str, Any]], by: list[str]) -> set[tuple[Any, ...]]:
+    return {(r["hour"], *(r[c] for c in by), r["kind"]) for r in rows}
+
+
+def test_volume_anomalies_keep_a_null_group(spark: Any, tmp_path: Path) -> None:
+    """Pushes for an unknown app have no provider: with `by=provider` they are a group of
+    their own (null in Parquet, empty in CSV), counted every hour, spike included."""
+    from gateway.core.push import Outcome
+    from tests.spark.conftest import START, receipt
+
+    h = 3600
+    items = []
+    for i in range(31):
+        if i not in (10, 11):  # apns silent for two hours: drops
+            fails = 15 if i == 25 else 0
+            items += [
+                receipt(START + i * h + j, Outcome.TRANSIENT if j < fails else Outcome.OK, token="")
+                for j in range(30)
+            ]
+        items += [
+            receipt(
+                START + i * h + j,
+                Outcome.PERMANENT,
+                token="",
+                app_id="nope",
+                provider=None,
+                attempts=0,
+                reason="unknown_app",
+            )
+            for j in range(200 if i == 20 else 30)
+        ]
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(items, receipts)
+    records = reference.load(receipts)
+    start = int(START)
+    for by in (["provider"], ["plugin", "provider"]):
+        options = volume_anomalies.JOB.resolve_options({"by": by})
+        result = volume_anomalies.JOB.run(
+            spark, str(receipts), str(tmp_path / "_".join(by)), options
+        )
+        got = _anomalies(_rows(result.outputs["anomalies.parquet"]), by)
+        assert got == set(reference.volume_anomalies(records, by=tuple(by)))
+        group = ("matrix",) * (len(by) - 1)
+        assert (start + 20 * h, *group, None, "volume_spike") in got
+        assert (start + 10 * h, *group, "apns", "volume_drop") in got
+        volume = [r for r in _rows(result.outputs["volume.parquet"]) if r["provider"] is None]
+        assert len(volume) == 31
+        assert {r["volume"] for r in volume} == {30, 200}
+    csv_lines = Path(result.outputs["anomalies.csv"]).read_text().splitlines()
+    assert "2025-01-01T20:00:00Z,matrix,,volume_spike,200," in "\n".join(csv_lines)
+
+
+def test_volume_anomalies_do_not_judge_a_filling_hour_a_drop(spark: Any, tmp_path: Path) -> None:
+    """The newest hour is incomplete until `now` (default: the newest receipt) has
+    passed its end: not a drop, but still judged for spikes."""
+    from gateway.core.push import Outcome
+    from tests.spark.conftest import START, receipt
+
+    h = 3600
+    items = [
+        receipt(START + i * h + j, Outcome.OK, token="", plugin=plugin)
+        for i in range(10)
+        for j in range(30)
+        for plugin in ("matrix", "zulip")
+    ]
+    items += [receipt(START + 10 * h + j, Outcome.OK, token="") for j in range(2)]
+    items += [receipt(START + 10 * h + j, Outcome.OK, token="", plugin="zulip") for j in range(200)]
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(items, receipts)
+    records = reference.load(receipts)
+    source = read_receipts(spark, str(receipts))
+    start, last = int(START), int(START) + 10 * h
+    spike = (last, "zulip", "volume_spike")
+    drop = (last, "matrix", "volume_drop")
+    for now, want in [(None, {spike}), (last + 1800.0, {spike}), (last + h, {spike, drop})]:
+        options = volume_anomalies.JOB.resolve_options({"now": now})
+        series = volume_anomalies.hourly_series(source.df, options)
+        rows = [
+            {**r.asDict(), "hour": int(r["hour"].timestamp())}
+            for r in volume_anomalies.anomalies(series, options).collect()
+        ]
+        assert (
+            _anomalies(rows, ["plugin"])
+            == want
+            == set(reference.volume_anomalies(records, now=now))
+        ), now
+        complete = {
+            int(r["hour"].timestamp()): r["complete"]
+            for r in series.where("plugin = 'matrix'").collect()
+        }
+        assert complete == {start + i * h: i < 10 or now == last + h for i in range(11)}
 
 
 def test_malformed_lines_are_counted_with_file_and_line(spark: Any, tmp_path: Path) -> None:

@@ -225,6 +225,7 @@ LOWEST = [
     (ANOMALIES, "min_volume", "0", "-1"),
     (ANOMALIES, "min_failures", "0", "-1"),
     (ANOMALIES, "min_failure_rate", "0", "-0.01"),
+    (ANOMALIES, "now", "0", "-1"),
     (ANOMALIES, "max_bad_lines", "0", "-1"),
 ]
 HIGHEST = [
