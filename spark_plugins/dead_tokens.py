@@ -13,10 +13,15 @@ without a hash, e.g. Marmot's, are never considered) is retired when either:
    (default `transient`) that reached the provider (`attempts > 0`; the gateway's own
    refusals such as `queue_full` or `circuit_open` say nothing about the token),
    counting only failures inside the trailing window of `window_hours` (default 168)
-   before `now` (default: the newest receipt), and the streak spans at least
-   `min_span_hours` (default 24) from its first to its last failure, so that a short
-   provider outage retires nothing. Receipts with other statuses (`auth`, `throttled`)
-   neither count nor break a streak.
+   before `now` (default: the newest receipt, or the current time if that is earlier,
+   so that one receipt from a clock running ahead cannot move the window past every
+   real failure), and the streak spans at least `min_span_hours` (default 24) from its
+   first to its last failure, so that a short provider outage retires nothing. Receipts
+   with other statuses (`auth`, `throttled`) neither count nor break a streak.
+
+`now` bounds the streak window only: a permanent failure after `now` still retires, and
+an `ok` after `now` still revives (it proves the token alive, whenever it came). An `ok`
+at the same `ts` as a failure wins: that failure neither counts nor retires.
 
 Output: `dead-tokens.jsonl` in `--out`, one JSON object per token, sorted by plugin,
 app and hash (see docs/spark.md for the exact format):
@@ -87,7 +92,7 @@ OPTIONS = (
         "now",
         float,
         None,
-        "end of the window, unix seconds (default: newest receipt)",
+        "end of the window, unix seconds (default: newest receipt, or now if earlier)",
         minimum=0,
     ),
     JobOption(
@@ -184,6 +189,12 @@ def decide(tokens: DataFrame, end: float, options: Mapping[str, Any]) -> DataFra
 SORT = ["plugin", "app_id", "token_hash", "provider"]
 
 
+def default_window_end(newest: float | None, wall_clock: float) -> float:
+    """The window's end when option `now` is not given: the newest receipt, but never
+    later than the current time (a gateway clock running ahead moves no window)."""
+    return wall_clock if newest is None else min(newest, wall_clock)
+
+
 def aggregation_conf(options: Mapping[str, Any]) -> dict[str, str]:
     """How Spark should run `per_token`'s aggregation.
 
@@ -218,7 +229,8 @@ def run(
         report_bad_input(result.input)
         end = options["now"]
         if end is None:
-            end = float(newest[0]) if newest and newest[0] is not None else time.time()
+            newest_ts = float(newest[0]) if newest and newest[0] is not None else None
+            end = default_window_end(newest_ts, time.time())
         dead = decide(tokens, float(end), options).persist(StorageLevel.MEMORY_AND_DISK)
         ensure_dir(spark, out_dir)
         path = write_single(

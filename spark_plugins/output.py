@@ -9,6 +9,7 @@ or `s3a://...` works from a cluster exactly like a local path.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -96,8 +97,21 @@ def write_bytes(spark: SparkSession, path: str, data: bytes) -> str:
     return path
 
 
+def strict_json(obj: Any) -> Any:
+    """`obj` with every float that JSON has no word for (NaN, Infinity) as None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {key: strict_json(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict_json(value) for value in obj]
+    return obj
+
+
 def write_json(spark: SparkSession, path: str, obj: Any) -> str:
-    return write_bytes(spark, path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+    """Strict JSON (RFC 8259): a NaN or infinite number is written as null."""
+    text = json.dumps(strict_json(obj), indent=2, default=str, allow_nan=False)
+    return write_bytes(spark, path, (text + "\n").encode())
 
 
 def write_result(spark: SparkSession, out_dir: str, result: JobResult, started: float) -> JobResult:

@@ -1,15 +1,33 @@
-"""Reading delivery receipts (docs/receipts.md) into a DataFrame, skipping bad lines.
+"""Reading delivery receipts (docs/receipts.md) into a DataFrame, skipping bad input.
 
 Input: every `*.jsonl` file under the receipts directory, recursively (so never the
 `*.jsonl.open` files still being written), and every `*.parquet` file (Parquet rollover).
 The schema is the documented one, given explicitly: nothing is inferred, unknown fields
 are ignored, as the compatibility rules of docs/receipts.md ask.
 
-Bad input is never fatal. A line is skipped and counted when it is not a JSON object
-(malformed, truncated), when a required field is missing or has the wrong type,
-or when its schema version `v` is not 1. Empty lines are ignored. Counting costs
-nothing extra: an `Observation` collects the number of lines, of bad lines and the set
-of files holding them during the job's own first pass over the data.
+Bad input is never fatal. A record is skipped and counted when its line is not JSON
+(malformed, truncated), when a required field is missing or has the wrong type, when its
+schema version `v` is not 1, or when a value is implausible (`_problems`: `ts` not a
+finite unix time in seconds from 2000 to 2099, `latency_ms` negative or not finite,
+`attempts` or `http_status` negative). Empty lines are ignored. Counting costs nothing
+extra: an `Observation` collects the number of records, of bad ones and the set of files
+holding them during the job's own first pass over the data.
+
+Spark's JSON source reads a line holding a JSON array of objects as one record per
+element (and `[]` as none); nothing cheap tells such records apart from one-object
+lines, so they are read like any other record, and `_locate` lists such a line when one
+of its elements is bad, as the count has it.
+
+A Parquet file Spark cannot read (truncated, or a receipt column stored with a type it
+cannot read as the documented one, e.g. `ts` as a string) would fail the whole job; it
+is skipped and reported instead. For a local directory, each file's footer is read with
+pyarrow before the job (well under a millisecond per file), and a bad file is left out
+of every job alike (`_check_parquet_files`). On any file system, the Parquet read runs with
+Spark's `ignoreCorruptFiles`, and the observation notes each Parquet file whose first
+row (`_metadata.row_index` 0) was read; a listed file that gave no row and was not left
+out already is looked at afterwards through Hadoop (`_recheck_parquet_file`) and reported
+unless it is a valid file with no rows. That covers HDFS and S3, where reading every
+footer from the driver would cost a request per file, at no cost while all is well.
 
 Line numbers. Spark reads a large file as several splits, possibly in different tasks,
 so a row's position in its task is not its line number. When (and only when) bad lines
@@ -21,14 +39,15 @@ a task, and a split is read start to end by one task). Within one file, ordering
 partitioned by file gives the exact 1-based line number: Hadoop's line reader assigns a
 line straddling a split boundary to the split where it starts, so no line is counted
 twice or lost. This is computed in one Spark action, so the ids cannot change between
-the numbering and the filtering. Parquet rows have no line: their file is reported.
+the numbering and the filtering. Parquet rows have no line: their file is reported, with
+what was wrong with its rows.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
@@ -61,7 +80,19 @@ RECEIPT_DDL = ", ".join(f"{name} {kind}" for name, kind in RECEIPT_FIELDS)
 _CORRUPT = "_corrupt_record"
 _JSON_DDL = f"{RECEIPT_DDL}, {_CORRUPT} STRING"
 _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+# A line holding a JSON array, parsed as Spark's JSON source reads it (one record each)
+_ARRAY_DDL = "ARRAY<STRUCT<" + ", ".join(f"{n}: {k}" for n, k in RECEIPT_FIELDS) + ">>"
+# Off while locating: an element with a field of the wrong type then makes its array
+# line null (bad), as it makes the JSON source's record corrupt.
+_JSON_PARTIAL_RESULTS = "spark.sql.json.enablePartialResults"
 SNIPPET = 200  # characters of a bad line shown in reports
+
+# Plausible receipt times, unix seconds (UTC): 2000-01-01 <= ts < 2100-01-01. Outside is
+# a unit mistake (milliseconds, microseconds), an unset clock (0) or garbage, which the
+# jobs cannot use: they turn `ts` into timestamps and hours (1e20 overflows, a receipt
+# in 1970 or in milliseconds makes an hourly series of millions of hours).
+TS_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
+TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z
 
 STATUSES = ("ok", "token_invalid", "permanent", "auth", "throttled", "transient")
 
@@ -97,6 +128,19 @@ def receipts_problem(path: str) -> str | None:
     return None
 
 
+NOT_PARQUET = "not a Parquet file, or truncated: file skipped"
+SPARK_FAILED = "Spark could not read it (see its log): file skipped"
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A Parquet file left out whole: why, and how many receipts that counts as."""
+
+    uri: str
+    text: str  # shown where a bad line's text would be, in parentheses
+    rows: int = 1  # its row count when the footer tells it, else 1 (the file itself)
+
+
 @dataclass
 class Receipts:
     """The valid receipts of a directory (`df`) and, after a first action on it, `stats()`."""
@@ -108,63 +152,148 @@ class Receipts:
     _observation: Observation | None
     _text: DataFrame | None  # the JSON Lines source as text, for locating bad lines
     max_reported: int = 100
+    _parquet_files: list[str] = field(default_factory=list)  # listed, as URIs
+    _skipped: dict[str, SkippedFile] = field(default_factory=dict)  # by display path
+    _empty: set[str] = field(default_factory=set)  # valid Parquet files without rows
     _stats: InputStats | None = None
 
     def stats(self) -> InputStats:
         """Counts of the pass that already ran over `df`, plus the located bad lines.
 
-        Call only after an action consumed `df` (otherwise this runs one itself).
+        Call only after an action consumed all of `df` (otherwise this runs one itself;
+        after one that read part of it, such as a `limit`, the counts are partial and
+        unread Parquet files look skipped).
         """
         if self._stats is not None:
             return self._stats
         stats = InputStats(files=len(self.files))
+        skipped = dict(self._skipped)
+        bad_files: list[str] = []
+        reasons: dict[str, set[str]] = {}
+        bad = 0
         if self._observation is not None:
-            metrics = self._observation.get
+            metrics = _observed(self._observation)
             lines = int(metrics.get("lines") or 0)
-            stats.bad = int(metrics.get("bad") or 0)
-            stats.records = lines - stats.bad
-            stats.bad_files = sorted(display_path(f) for f in (metrics.get("bad_files") or []))
-            if stats.bad:
-                stats.bad_lines = self._locate(list(metrics.get("bad_files") or []))
+            bad = int(metrics.get("bad") or 0)
+            stats.records = lines - bad
+            bad_files = list(metrics.get("bad_files") or [])
+            for row in metrics.get("parquet_bad") or []:
+                reasons.setdefault(row[0], set()).add(row[1])
+            read = {display_path(uri) for uri in metrics.get("parquet_read") or []}
+            for uri in self._parquet_files:
+                shown = display_path(uri)
+                if shown in read or shown in skipped or shown in self._empty:
+                    continue
+                problem = _recheck_parquet_file(self.spark, uri)
+                if problem is not None:
+                    skipped[shown] = problem
+        stats.bad = bad + sum(s.rows for s in skipped.values())
+        stats.bad_files = sorted({display_path(f) for f in bad_files} | set(skipped))
+        found: list[BadLine] = []
+        if bad:
+            found = self._locate([f for f in bad_files if not f.endswith(".parquet")])
+        # Parquet rows have no line number: their file is reported, with what was wrong.
+        for uri in sorted(reasons, key=display_path):
+            text = "(rows skipped: " + "; ".join(sorted(reasons[uri])) + ")"
+            found.append(BadLine(display_path(uri), None, text))
+        for shown in sorted(skipped):
+            found.append(BadLine(shown, None, f"({skipped[shown].text})"))
+        stats.bad_lines = found[: self.max_reported]
         self._stats = stats
         return stats
 
     def _locate(self, bad_files: list[str]) -> list[BadLine]:
+        """The bad lines of these JSON Lines files, by the rules of the counting pass."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        found: list[BadLine] = []
-        if self._text is not None and self.max_reported > 0:
-            window = Window.partitionBy("_file").orderBy("_block", "_row")
-            located = (
-                self._text.filter(F.col("_file").isin(bad_files))
-                .withColumn("_line", F.row_number().over(window))
-                .filter(F.trim("value") != "")  # empty lines are ignored, as in the count
-                .withColumn("r", F.from_json("value", _JSON_DDL, _JSON_OPTIONS))
-                .filter(_bad_json(F.col("r")))
-                .select("_file", "_line", F.substring("value", 1, SNIPPET).alias("text"))
-                .orderBy("_file", "_line")
-                .limit(self.max_reported)
-            )
-            found = [
-                BadLine(display_path(row["_file"]), int(row["_line"]), row["text"])
-                for row in located.collect()
-            ]
-        # Parquet files with bad rows: no line numbers, the file itself is reported.
-        for uri in bad_files:
-            if uri.endswith(".parquet") and len(found) < self.max_reported:
-                found.append(BadLine(display_path(uri), None, "(row with a missing field)"))
-        return found
+        from spark_plugins.session import sql_conf
+
+        if self._text is None or self.max_reported <= 0 or not bad_files:
+            return []
+        value = F.col("value")
+        elements = F.from_json(value, _ARRAY_DDL)
+        record = F.from_json(value, _JSON_DDL, _JSON_OPTIONS)
+        bad = F.when(
+            value.rlike(r"^[ \t\r]*\["),  # an array: Spark's JSON source reads each element
+            elements.isNull() | F.exists(elements, lambda r: r.isNull() | _bad_record(r)),
+        ).otherwise(_bad_json(record))
+        window = Window.partitionBy("_file").orderBy("_block", "_row")
+        located = (
+            self._text.filter(F.col("_file").isin(bad_files))
+            .withColumn("_line", F.row_number().over(window))
+            .filter(~value.rlike(r"^[ \t\r]*$"))  # empty lines are ignored, as in the count
+            .filter(bad)
+            .select("_file", "_line", F.substring("value", 1, SNIPPET).alias("text"))
+            .orderBy("_file", "_line")
+            .limit(self.max_reported)
+        )
+        with sql_conf(self.spark, {_JSON_PARTIAL_RESULTS: "false"}):
+            rows = located.collect()
+        return [BadLine(display_path(row["_file"]), int(row["_line"]), row["text"]) for row in rows]
 
 
-def _bad_record(r: Column) -> Column:
-    """True for a parsed record that is unusable: a required field null, or v != 1."""
+def _observed(observation: Observation) -> dict[str, Any]:
+    """The observed metrics; {} when the pass read no row (every file left out or empty:
+    Spark then has an empty row, which `Observation.get` cannot convert)."""
+    try:
+        return observation.get
+    except Exception:
+        handle = getattr(observation, "_jo", None)
+        if handle is not None and handle.getRow().length() == 0:
+            return {}
+        raise
+
+
+def _problems(r: Column) -> list[tuple[Column, str]]:
+    """What makes a parsed record unusable, each with the words a report uses for it."""
     from pyspark.sql import functions as F
 
     missing = F.lit(False)
     for name in REQUIRED:
         missing = missing | r[name].isNull()
-    return missing | (r["v"] != F.lit(SCHEMA_VERSION))
+    ts, latency = r["ts"], r["latency_ms"]
+    # Spark orders NaN above every number, +Infinity included: each range test below
+    # is false for NaN and for an infinity, with no test of its own.
+    return [
+        (missing, "a required field is missing"),
+        (r["v"] != F.lit(SCHEMA_VERSION), f"schema version v is not {SCHEMA_VERSION}"),
+        (
+            ~((ts >= F.lit(TS_MIN)) & (ts < F.lit(TS_MAX))),
+            "ts is not a unix time in seconds from 2000 to 2099",
+        ),
+        (
+            ~((latency >= F.lit(0.0)) & (latency < F.lit(float("inf")))),
+            "latency_ms is negative or not finite",
+        ),
+        (r["attempts"] < F.lit(0), "attempts is negative"),
+        # Also makes every job parse `http_status`, the one optional field a JSON value
+        # can have the wrong type for (a string field takes any value as its text): Spark
+        # converts only the fields a query uses, so that record would be bad for one job
+        # and good for the next.
+        (r["http_status"].isNotNull() & (r["http_status"] < F.lit(0)), "http_status is negative"),
+    ]
+
+
+def _bad_record(r: Column) -> Column:
+    """True for a parsed record that is unusable (`_problems`)."""
+    from pyspark.sql import functions as F
+
+    bad = F.lit(False)
+    for condition, _ in _problems(r):
+        bad = bad | condition
+    return bad
+
+
+def _bad_reason(r: Column) -> Column:
+    """The first of `_problems` a record has, in words (null for a good record)."""
+    from pyspark.sql import functions as F
+
+    problems = _problems(r)
+    reason = F.when(problems[0][0], F.lit(problems[0][1]))
+    for condition, words in problems[1:]:
+        reason = reason.when(condition, F.lit(words))
+    return reason
 
 
 def _bad_json(r: Column) -> Column:
@@ -177,6 +306,116 @@ def _reader(spark: SparkSession, glob: str) -> Any:
         .option("pathGlobFilter", glob)
         .option("ignoreMissingFiles", "true")  # a file rolled away under us is not fatal
     )
+
+
+# How Spark 4 reads a Parquet column as each receipt type (checked against the installed
+# Spark by tests/spark/test_bad_input.py): a LONG from INT32 (any integer annotation) or a
+# signed INT64; a DOUBLE from DOUBLE, FLOAT or a plain or integer INT32 (not from INT64);
+# a STRING from BYTE_ARRAY, plain or annotated as a string.
+def _parquet_type_ok(kind: str, physical: str, logical: dict[str, Any]) -> bool:
+    annotation = logical.get("Type", "None")
+    if kind == "LONG":
+        if physical == "INT32":
+            return annotation in ("None", "Int")
+        return physical == "INT64" and (
+            annotation == "None" or (annotation == "Int" and logical.get("isSigned") is True)
+        )
+    if kind == "DOUBLE":
+        if physical in ("DOUBLE", "FLOAT"):
+            return annotation == "None"
+        return physical == "INT32" and annotation in ("None", "Int")
+    return physical == "BYTE_ARRAY" and annotation in ("None", "String")
+
+
+def parquet_schema_problem(schema: Any, case_sensitive: bool = False) -> str | None:
+    """Why Spark cannot read receipts from a file of this Parquet schema (a pyarrow
+    `ParquetSchema`), or None. Columns are matched by name as Spark matches them (without
+    regard to case unless `spark.sql.caseSensitive`); a missing column is no problem here
+    (its rows lack a field: bad rows, counted)."""
+    import json
+
+    kinds = dict(RECEIPT_FIELDS)
+
+    def key(name: str) -> str:
+        return name if case_sensitive else name.lower()
+
+    wanted = {key(name): name for name in kinds}
+    leaves: dict[str, list[Any]] = {}  # top-level field name -> its leaf columns
+    for i in range(len(schema)):
+        column = schema.column(i)
+        leaves.setdefault(column.path.split(".")[0], []).append(column)
+    matches: dict[str, list[str]] = {}
+    for top in leaves:
+        if key(top) in wanted:
+            matches.setdefault(wanted[key(top)], []).append(top)
+    for name, tops in matches.items():
+        if len(tops) > 1:
+            return f"more than one column is named {name}"
+        (column, *others) = leaves[tops[0]]
+        if others or column.path != tops[0]:
+            return f"column {name} is nested"
+        logical = json.loads(column.logical_type.to_json())
+        if not _parquet_type_ok(kinds[name], column.physical_type, logical):
+            annotation = logical.get("Type", "None")
+            stored = column.physical_type + ("" if annotation == "None" else f" ({annotation})")
+            return f"column {name} is {stored}, unreadable as {kinds[name]}"
+    return None
+
+
+def _check_parquet_files(
+    uris: list[str], case_sensitive: bool
+) -> tuple[dict[str, SkippedFile], set[str]]:
+    """Local Parquet files that cannot be read as receipts (by display path), and the
+    valid ones that hold no row. Footers only, with pyarrow; ({}, set()) without it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # the Spark-side check still catches what fails (module docstring)
+        return {}, set()
+    skipped: dict[str, SkippedFile] = {}
+    empty: set[str] = set()
+    for uri in uris:
+        shown = display_path(uri)
+        try:
+            meta = pq.read_metadata(_local(uri))
+        except FileNotFoundError:
+            continue  # rolled away since the listing: as `ignoreMissingFiles` has it
+        except PermissionError:
+            skipped[shown] = SkippedFile(uri, "not readable (permission denied): file skipped")
+            continue
+        except Exception:  # pyarrow's ArrowInvalid: not Parquet, or cut short
+            skipped[shown] = SkippedFile(uri, NOT_PARQUET)
+            continue
+        problem = parquet_schema_problem(meta.schema, case_sensitive)
+        if problem:
+            skipped[shown] = SkippedFile(uri, f"{problem}: file skipped", max(1, meta.num_rows))
+        elif meta.num_rows == 0:
+            empty.add(shown)
+    return skipped, empty
+
+
+def _recheck_parquet_file(spark: SparkSession, uri: str) -> SkippedFile | None:
+    """A listed Parquet file of which Spark read no row: why, through Hadoop (so on any
+    file system Spark reads), or None when it is a valid file without rows, or gone."""
+    from py4j.protocol import Py4JJavaError
+
+    jvm: Any = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    try:
+        source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(
+            jvm.org.apache.hadoop.fs.Path(uri), conf
+        )
+        reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(source)
+    except Py4JJavaError as exc:
+        if exc.java_exception.getClass().getName() == "java.io.FileNotFoundException":
+            return None  # rolled away since the listing: as `ignoreMissingFiles` has it
+        return SkippedFile(uri, NOT_PARQUET)
+    try:
+        rows = int(reader.getRecordCount())
+    finally:
+        reader.close()
+    if rows == 0:
+        return None
+    return SkippedFile(uri, SPARK_FAILED, rows)
 
 
 def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) -> Receipts:
@@ -217,19 +456,42 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
                 *COLUMNS,
                 F.col("_metadata.file_path").alias("_file"),
                 _bad_json(record).alias("_bad"),
+                F.lit(None).cast("string").alias("_why"),
+                F.lit(False).alias("_first"),
             )
         )
 
-    parquet = _reader(spark, "*.parquet").schema(RECEIPT_DDL).parquet(path)
+    # A file Spark cannot read is skipped, not fatal; which ones: module docstring.
+    parquet = (
+        _reader(spark, "*.parquet")
+        .option("ignoreCorruptFiles", "true")
+        .schema(RECEIPT_DDL)
+        .parquet(path)
+    )
     parquet_files = parquet.inputFiles()
+    skipped: dict[str, SkippedFile] = {}
+    empty: set[str] = set()
     if parquet_files:
         files += parquet_files
-        r = F.struct(*[F.col(c) for c in COLUMNS])
+        if is_local(path):
+            case_sensitive = str(spark.conf.get("spark.sql.caseSensitive", "false")) == "true"
+            skipped, empty = _check_parquet_files(parquet_files, case_sensitive)
+    if len(skipped) < len(parquet_files):  # something is left to read
+        if skipped:
+            # left out of every job alike, even one that reads none of the bad columns
+            # (`_metadata.file_path` spells local files `file:/x`, listings `file:///x`)
+            names = [s.uri for s in skipped.values()]
+            names += ["file:/" + u[len("file:///") :] for u in names if u.startswith("file:///")]
+            parquet = parquet.filter(~F.col("_metadata.file_path").isin(names))
+        # what is wrong with a bad row, in words: a Parquet row has no line to show
+        why = _bad_reason(F.struct(*[F.col(c) for c in COLUMNS]))
         parts.append(
             parquet.select(
                 *COLUMNS,
                 F.col("_metadata.file_path").alias("_file"),
-                _bad_record(r).alias("_bad"),
+                why.isNotNull().alias("_bad"),
+                why.alias("_why"),
+                (F.col("_metadata.row_index") == 0).alias("_first"),
             )
         )
 
@@ -241,14 +503,29 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
         for extra in parts[1:]:
             combined = combined.unionByName(extra)
         observation = Observation("pushgw_receipts_input")
+        bad, why = F.col("_bad"), F.col("_why")
         combined = combined.observe(
             observation,
             F.count(F.lit(1)).alias("lines"),
-            F.sum(F.col("_bad").cast("long")).alias("bad"),
-            F.collect_set(F.when(F.col("_bad"), F.col("_file"))).alias("bad_files"),
+            F.sum(bad.cast("long")).alias("bad"),
+            F.collect_set(F.when(bad, F.col("_file"))).alias("bad_files"),
+            F.collect_set(F.when(why.isNotNull(), F.struct("_file", "_why"))).alias("parquet_bad"),
+            # the Parquet files Spark read (their first row): a missing one was skipped
+            F.collect_set(F.when(F.col("_first"), F.col("_file"))).alias("parquet_read"),
         )
-        df = combined.filter(~F.col("_bad")).select(*COLUMNS)
-    return Receipts(spark, path, df, files, observation, text_source, max_reported)
+        df = combined.filter(~bad).select(*COLUMNS)
+    return Receipts(
+        spark,
+        path,
+        df,
+        files,
+        observation,
+        text_source,
+        max_reported,
+        _parquet_files=list(parquet_files),
+        _skipped=skipped,
+        _empty=empty,
+    )
 
 
 def report_bad_input(stats: InputStats, stream: Any = None) -> None:
