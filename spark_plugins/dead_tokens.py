@@ -47,7 +47,7 @@ from spark_plugins.jobs import (
     with_sql_conf,
 )
 from spark_plugins.output import ensure_dir, join, write_result, write_single
-from spark_plugins.reader import STATUSES, read_receipts, report_bad_input
+from spark_plugins.reader import MAX_BAD_LINES, STATUSES, read_receipts, report_bad_input
 from spark_plugins.session import BYPASS_PARTIAL_AGGREGATION, OBJECT_HASH_GROUPS
 
 if TYPE_CHECKING:
@@ -95,14 +95,7 @@ OPTIONS = (
         "end of the window, unix seconds (default: newest receipt, or now if earlier)",
         minimum=0,
     ),
-    JobOption(
-        "max_bad_lines",
-        int,
-        100,
-        "bad receipt lines reported with file and line (0: counted only)",
-        minimum=0,
-        maximum=JAVA_INT_MAX,
-    ),
+    MAX_BAD_LINES,
     JobOption(
         "hash_groups",
         int,

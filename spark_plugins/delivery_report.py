@@ -57,7 +57,7 @@ from spark_plugins.output import (
     write_result,
     write_table,
 )
-from spark_plugins.reader import STATUSES, read_receipts, report_bad_input
+from spark_plugins.reader import MAX_BAD_LINES, STATUSES, read_receipts, report_bad_input
 from spark_plugins.session import OBJECT_HASH_GROUPS
 
 if TYPE_CHECKING:
@@ -100,14 +100,7 @@ OPTIONS = (
         maximum=JAVA_INT_MAX,
     ),
     JobOption("chart", bool, True, "draw chart.png and index.html"),
-    JobOption(
-        "max_bad_lines",
-        int,
-        100,
-        "bad receipt lines reported with file and line (0: counted only)",
-        minimum=0,
-        maximum=JAVA_INT_MAX,
-    ),
+    MAX_BAD_LINES,
 )
 
 

@@ -14,7 +14,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.reader import is_local
+from spark_plugins.paths import arg_path, is_local
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -32,10 +32,6 @@ def join(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
-def _local(path: str) -> str:
-    return path[len("file:") :] if path.startswith("file:") else path
-
-
 def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
     jvm: Any = spark.sparkContext._jvm
     jpath = jvm.org.apache.hadoop.fs.Path(path)
@@ -51,7 +47,7 @@ def out_problem(path: str) -> str | None:
     """
     if not is_local(path):
         return None
-    local = os.path.abspath(_local(path))
+    local = os.path.abspath(arg_path(path))
     if os.path.lexists(local) and not os.path.exists(local):
         return f"output path is a broken symbolic link: {path}"
     if os.path.exists(local):
@@ -72,7 +68,7 @@ def out_problem(path: str) -> str | None:
 
 def ensure_dir(spark: SparkSession, path: str) -> None:
     if is_local(path):
-        os.makedirs(_local(path), exist_ok=True)
+        os.makedirs(arg_path(path), exist_ok=True)
     else:
         fs, jpath = _fs(spark, path)
         fs.mkdirs(jpath)
@@ -81,7 +77,7 @@ def ensure_dir(spark: SparkSession, path: str) -> None:
 def write_bytes(spark: SparkSession, path: str, data: bytes) -> str:
     """Write one small file (chart, page, summary) and return its path."""
     if is_local(path):
-        local = _local(path)
+        local = arg_path(path)
         os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
         tmp = local + ".tmp"
         with open(tmp, "wb") as fh:
@@ -145,10 +141,10 @@ def write_single(
         fs.rename(parts[0], target)
         fs.delete(jtmp, True)
         if is_local(path):  # drop the checksum file of the renamed part, if any
-            crc = os.path.join(os.path.dirname(_local(path)), f".{os.path.basename(path)}.crc")
+            crc = os.path.join(os.path.dirname(arg_path(path)), f".{os.path.basename(path)}.crc")
             if os.path.exists(crc):
                 os.remove(crc)
-        return _local(path) if is_local(path) else path
+        return arg_path(path) if is_local(path) else path
     fs.delete(jtmp, True)
     return write_bytes(spark, path, empty)
 
@@ -188,7 +184,7 @@ def write_table(
         if owned:
             cached.unpersist()
     paths = {
-        f"{name}.parquet": _local(parquet) if is_local(parquet) else parquet,
+        f"{name}.parquet": arg_path(parquet) if is_local(parquet) else parquet,
         f"{name}.csv": csv,
     }
     return paths, rows

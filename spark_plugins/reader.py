@@ -22,10 +22,10 @@ A Parquet file Spark cannot read (truncated, or a receipt column stored with a t
 cannot read as the documented one, e.g. `ts` as a string) would fail the whole job; it
 is skipped and reported instead. For a local directory, each file's footer is read with
 pyarrow before the job (well under a millisecond per file), and a bad file is left out
-of every job alike (`_check_parquet_files`). On any file system, the Parquet read runs with
-Spark's `ignoreCorruptFiles`, and the observation notes each Parquet file whose first
+of every job alike (`parquet_files.check_local_files`). On any file system, the Parquet
+read runs with Spark's `ignoreCorruptFiles`, and the observation notes each Parquet file whose first
 row (`_metadata.row_index` 0) was read; a listed file that gave no row and was not left
-out already is looked at afterwards through Hadoop (`_recheck_parquet_file`) and reported
+out already is looked at afterwards through Hadoop (`parquet_files.recheck_file`) and reported
 unless it is a valid file with no rows. That covers HDFS and S3, where reading every
 footer from the driver would cost a request per file, at no cost while all is well.
 
@@ -49,9 +49,11 @@ import os
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlparse
 
-from spark_plugins.jobs import BadLine, InputStats
+from spark_plugins import parquet_files
+from spark_plugins.jobs import JAVA_INT_MAX, BadLine, InputStats, JobOption
+from spark_plugins.parquet_files import SkippedFile
+from spark_plugins.paths import display_path, is_local, uri_path
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -94,23 +96,17 @@ SNIPPET = 200  # characters of a bad line shown in reports
 TS_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
 TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z
 
+# Every built-in job's option for how many bad lines it lists (`Receipts.max_reported`).
+MAX_BAD_LINES = JobOption(
+    "max_bad_lines",
+    int,
+    100,
+    "bad receipt lines reported with file and line (0: counted only)",
+    minimum=0,
+    maximum=JAVA_INT_MAX,
+)
+
 STATUSES = ("ok", "token_invalid", "permanent", "auth", "throttled", "transient")
-
-
-def display_path(uri: str) -> str:
-    """`file:/x/y%20z.jsonl` -> `/x/y z.jsonl`; other URIs unchanged."""
-    if uri.startswith("file:"):
-        return unquote(urlparse(uri).path)
-    return uri
-
-
-def is_local(path: str) -> bool:
-    scheme = urlparse(path).scheme
-    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
-
-
-def _local(path: str) -> str:
-    return unquote(urlparse(path).path) if path.startswith("file:") else path
 
 
 def receipts_problem(path: str) -> str | None:
@@ -118,7 +114,7 @@ def receipts_problem(path: str) -> str | None:
     readable), or None; None for a Hadoop URI, which only Spark can look at."""
     if not is_local(path):
         return None
-    local = _local(path)
+    local = uri_path(path)
     if not os.path.exists(local):
         return f"receipts directory not found: {path}"
     if not os.path.isdir(local):
@@ -126,19 +122,6 @@ def receipts_problem(path: str) -> str | None:
     if not os.access(local, os.R_OK | os.X_OK):
         return f"receipts directory is not readable: {path}"
     return None
-
-
-NOT_PARQUET = "not a Parquet file, or truncated: file skipped"
-SPARK_FAILED = "Spark could not read it (see its log): file skipped"
-
-
-@dataclass(frozen=True)
-class SkippedFile:
-    """A Parquet file left out whole: why, and how many receipts that counts as."""
-
-    uri: str
-    text: str  # shown where a bad line's text would be, in parentheses
-    rows: int = 1  # its row count when the footer tells it, else 1 (the file itself)
 
 
 @dataclass
@@ -184,7 +167,7 @@ class Receipts:
                 shown = display_path(uri)
                 if shown in read or shown in skipped or shown in self._empty:
                     continue
-                problem = _recheck_parquet_file(self.spark, uri)
+                problem = parquet_files.recheck_file(self.spark, uri)
                 if problem is not None:
                     skipped[shown] = problem
         stats.bad = bad + sum(s.rows for s in skipped.values())
@@ -308,116 +291,6 @@ def _reader(spark: SparkSession, glob: str) -> Any:
     )
 
 
-# How Spark 4 reads a Parquet column as each receipt type (checked against the installed
-# Spark by tests/spark/test_bad_input.py): a LONG from INT32 (any integer annotation) or a
-# signed INT64; a DOUBLE from DOUBLE, FLOAT or a plain or integer INT32 (not from INT64);
-# a STRING from BYTE_ARRAY, plain or annotated as a string.
-def _parquet_type_ok(kind: str, physical: str, logical: dict[str, Any]) -> bool:
-    annotation = logical.get("Type", "None")
-    if kind == "LONG":
-        if physical == "INT32":
-            return annotation in ("None", "Int")
-        return physical == "INT64" and (
-            annotation == "None" or (annotation == "Int" and logical.get("isSigned") is True)
-        )
-    if kind == "DOUBLE":
-        if physical in ("DOUBLE", "FLOAT"):
-            return annotation == "None"
-        return physical == "INT32" and annotation in ("None", "Int")
-    return physical == "BYTE_ARRAY" and annotation in ("None", "String")
-
-
-def parquet_schema_problem(schema: Any, case_sensitive: bool = False) -> str | None:
-    """Why Spark cannot read receipts from a file of this Parquet schema (a pyarrow
-    `ParquetSchema`), or None. Columns are matched by name as Spark matches them (without
-    regard to case unless `spark.sql.caseSensitive`); a missing column is no problem here
-    (its rows lack a field: bad rows, counted)."""
-    import json
-
-    kinds = dict(RECEIPT_FIELDS)
-
-    def key(name: str) -> str:
-        return name if case_sensitive else name.lower()
-
-    wanted = {key(name): name for name in kinds}
-    leaves: dict[str, list[Any]] = {}  # top-level field name -> its leaf columns
-    for i in range(len(schema)):
-        column = schema.column(i)
-        leaves.setdefault(column.path.split(".")[0], []).append(column)
-    matches: dict[str, list[str]] = {}
-    for top in leaves:
-        if key(top) in wanted:
-            matches.setdefault(wanted[key(top)], []).append(top)
-    for name, tops in matches.items():
-        if len(tops) > 1:
-            return f"more than one column is named {name}"
-        (column, *others) = leaves[tops[0]]
-        if others or column.path != tops[0]:
-            return f"column {name} is nested"
-        logical = json.loads(column.logical_type.to_json())
-        if not _parquet_type_ok(kinds[name], column.physical_type, logical):
-            annotation = logical.get("Type", "None")
-            stored = column.physical_type + ("" if annotation == "None" else f" ({annotation})")
-            return f"column {name} is {stored}, unreadable as {kinds[name]}"
-    return None
-
-
-def _check_parquet_files(
-    uris: list[str], case_sensitive: bool
-) -> tuple[dict[str, SkippedFile], set[str]]:
-    """Local Parquet files that cannot be read as receipts (by display path), and the
-    valid ones that hold no row. Footers only, with pyarrow; ({}, set()) without it."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:  # the Spark-side check still catches what fails (module docstring)
-        return {}, set()
-    skipped: dict[str, SkippedFile] = {}
-    empty: set[str] = set()
-    for uri in uris:
-        shown = display_path(uri)
-        try:
-            meta = pq.read_metadata(_local(uri))
-        except FileNotFoundError:
-            continue  # rolled away since the listing: as `ignoreMissingFiles` has it
-        except PermissionError:
-            skipped[shown] = SkippedFile(uri, "not readable (permission denied): file skipped")
-            continue
-        except Exception:  # pyarrow's ArrowInvalid: not Parquet, or cut short
-            skipped[shown] = SkippedFile(uri, NOT_PARQUET)
-            continue
-        problem = parquet_schema_problem(meta.schema, case_sensitive)
-        if problem:
-            skipped[shown] = SkippedFile(uri, f"{problem}: file skipped", max(1, meta.num_rows))
-        elif meta.num_rows == 0:
-            empty.add(shown)
-    return skipped, empty
-
-
-def _recheck_parquet_file(spark: SparkSession, uri: str) -> SkippedFile | None:
-    """A listed Parquet file of which Spark read no row: why, through Hadoop (so on any
-    file system Spark reads), or None when it is a valid file without rows, or gone."""
-    from py4j.protocol import Py4JJavaError
-
-    jvm: Any = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    try:
-        source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(
-            jvm.org.apache.hadoop.fs.Path(uri), conf
-        )
-        reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(source)
-    except Py4JJavaError as exc:
-        if exc.java_exception.getClass().getName() == "java.io.FileNotFoundException":
-            return None  # rolled away since the listing: as `ignoreMissingFiles` has it
-        return SkippedFile(uri, NOT_PARQUET)
-    try:
-        rows = int(reader.getRecordCount())
-    finally:
-        reader.close()
-    if rows == 0:
-        return None
-    return SkippedFile(uri, SPARK_FAILED, rows)
-
-
 def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) -> Receipts:
     """The receipts under `path` (a directory; local path or Hadoop URI).
 
@@ -468,15 +341,17 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
         .schema(RECEIPT_DDL)
         .parquet(path)
     )
-    parquet_files = parquet.inputFiles()
+    parquet_uris = parquet.inputFiles()
     skipped: dict[str, SkippedFile] = {}
     empty: set[str] = set()
-    if parquet_files:
-        files += parquet_files
+    if parquet_uris:
+        files += parquet_uris
         if is_local(path):
             case_sensitive = str(spark.conf.get("spark.sql.caseSensitive", "false")) == "true"
-            skipped, empty = _check_parquet_files(parquet_files, case_sensitive)
-    if len(skipped) < len(parquet_files):  # something is left to read
+            skipped, empty = parquet_files.check_local_files(
+                parquet_uris, dict(RECEIPT_FIELDS), case_sensitive
+            )
+    if len(skipped) < len(parquet_uris):  # something is left to read
         if skipped:
             # left out of every job alike, even one that reads none of the bad columns
             # (`_metadata.file_path` spells local files `file:/x`, listings `file:///x`)
@@ -522,7 +397,7 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
         observation,
         text_source,
         max_reported,
-        _parquet_files=list(parquet_files),
+        _parquet_files=list(parquet_uris),
         _skipped=skipped,
         _empty=empty,
     )

@@ -25,10 +25,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_plugins.jobs import JobResult, OptionError, SparkJob, collect_jobs
-from spark_plugins.output import _local as local_out
 from spark_plugins.output import out_problem
-from spark_plugins.reader import _local as local_receipts
-from spark_plugins.reader import is_local, receipts_problem
+from spark_plugins.paths import arg_path, is_local, uri_path
+from spark_plugins.reader import receipts_problem
 from spark_plugins.session import get_session, spark_problem, under_spark_submit
 
 
@@ -116,8 +115,8 @@ def path_problem(receipts: str, out: str) -> str | None:
     problem = receipts_problem(receipts) or out_problem(out)
     if problem or not (is_local(receipts) and is_local(out)):
         return problem
-    inside = os.path.realpath(local_receipts(receipts))
-    target = os.path.realpath(local_out(out))
+    inside = os.path.realpath(uri_path(receipts))
+    target = os.path.realpath(arg_path(out))
     if os.path.commonpath([inside, target]) == inside:
         return (
             f"output directory {out} is inside the receipts directory {receipts}: "

@@ -38,9 +38,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.jobs import JAVA_INT_MAX, JobOption, JobResult, OptionError, SparkJob
+from spark_plugins.jobs import JobOption, JobResult, OptionError, SparkJob
 from spark_plugins.output import ensure_dir, write_result, write_table
-from spark_plugins.reader import read_receipts, report_bad_input
+from spark_plugins.reader import MAX_BAD_LINES, read_receipts, report_bad_input
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -96,14 +96,7 @@ OPTIONS = (
         "hours ending after this unix time are incomplete (default: newest receipt)",
         minimum=0,
     ),
-    JobOption(
-        "max_bad_lines",
-        int,
-        100,
-        "bad receipt lines reported with file and line (0: counted only)",
-        minimum=0,
-        maximum=JAVA_INT_MAX,
-    ),
+    MAX_BAD_LINES,
 )
 
 

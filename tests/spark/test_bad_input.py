@@ -18,7 +18,14 @@ import pytest
 
 from gateway.core.push import Outcome, Receipt
 from gateway.core.receipts import receipt_record
-from spark_plugins import dead_tokens, delivery_report, output, reader, synthetic, volume_anomalies
+from spark_plugins import (
+    dead_tokens,
+    delivery_report,
+    output,
+    parquet_files,
+    synthetic,
+    volume_anomalies,
+)
 from spark_plugins.reader import read_receipts
 from tests.spark.conftest import START, receipt
 
@@ -141,8 +148,8 @@ def test_parquet_files_spark_cannot_read_are_skipped_and_reported(
         "file skipped)",
         "null-reason.parquet": "(column reason is INT32 (Null), unreadable as STRING: "
         "file skipped)",
-        "truncated.parquet": f"({reader.NOT_PARQUET})",
-        "zero-bytes.parquet": f"({reader.NOT_PARQUET})",
+        "truncated.parquet": f"({parquet_files.NOT_PARQUET})",
+        "zero-bytes.parquet": f"({parquet_files.NOT_PARQUET})",
     }
     assert stats.bad_files == sorted(str(odd / name) for name in texts)
 
@@ -158,8 +165,8 @@ def test_spark_side_check_reports_files_no_footer_check_saw(
 ) -> None:
     """On HDFS or S3 (or without pyarrow) no footer is read before the job: Spark skips
     what it cannot read, and the files that gave no row are looked at afterwards."""
-    no_check = lambda uris, case_sensitive: ({}, set())  # noqa: E731
-    monkeypatch.setattr(reader, "_check_parquet_files", no_check, raising=False)
+    no_check = lambda uris, fields, case_sensitive: ({}, set())  # noqa: E731
+    monkeypatch.setattr(parquet_files, "check_local_files", no_check)
     receipts = tmp_path / "receipts"
     good = _writer_parquet(receipts / "good", 40, seed=13)
     table = pq.read_table(good).slice(0, 10)
@@ -175,8 +182,8 @@ def test_spark_side_check_reports_files_no_footer_check_saw(
     assert (stats.records, stats.bad) == (80, 10 + 1)
     texts = {Path(b.file).name: b.text for b in stats.bad_lines}
     assert texts == {
-        "ts.parquet": f"({reader.SPARK_FAILED})",
-        "truncated.parquet": f"({reader.NOT_PARQUET})",
+        "ts.parquet": f"({parquet_files.SPARK_FAILED})",
+        "truncated.parquet": f"({parquet_files.NOT_PARQUET})",
     }
 
 
@@ -203,7 +210,8 @@ TYPES = [
 
 def test_parquet_type_rules_match_what_spark_reads(spark: Any, tmp_path: Path) -> None:
     """`parquet_schema_problem` says a file is unreadable exactly when Spark cannot read it."""
-    from spark_plugins.reader import RECEIPT_DDL, parquet_schema_problem
+    from spark_plugins.parquet_files import parquet_schema_problem
+    from spark_plugins.reader import RECEIPT_DDL, RECEIPT_FIELDS
 
     base = pa.Table.from_pylist([receipt_record(receipt(START, Outcome.OK, token="t"))])
     base = _replace(base, "reason", pa.array(["x"]))  # not the null type of a None
@@ -216,7 +224,7 @@ def test_parquet_type_rules_match_what_spark_reads(spark: Any, tmp_path: Path) -
             table = table.drop_columns(["ts"]).append_column(name, values)
         path = tmp_path / f"case-{i}.parquet"
         pq.write_table(table, path)
-        verdict = parquet_schema_problem(pq.read_metadata(path).schema)
+        verdict = parquet_schema_problem(pq.read_metadata(path).schema, dict(RECEIPT_FIELDS))
         try:
             spark.read.schema(RECEIPT_DDL).parquet(str(path)).collect()
             reads = True
@@ -224,7 +232,9 @@ def test_parquet_type_rules_match_what_spark_reads(spark: Any, tmp_path: Path) -
             reads = False
         assert (verdict is None) == reads, (name, values.type, verdict)
     assert [reads for _, _, reads in TYPES] == [
-        parquet_schema_problem(pq.read_metadata(tmp_path / f"case-{i}.parquet").schema) is None
+        parquet_schema_problem(
+            pq.read_metadata(tmp_path / f"case-{i}.parquet").schema, dict(RECEIPT_FIELDS)
+        ) is None
         for i in range(len(TYPES))
     ]
 
