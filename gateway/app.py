@@ -297,13 +297,8 @@ def _make_sink(
     async def sink(push: Push, receipt: Receipt) -> None:
         if writer is not None:
             await writer.put(receipt)
-        if observers:
-            try:
-                await gateway.registry.broadcast_async(
-                    "pushgw_push_result", push=push, receipt=receipt
-                )
-            except Exception:
-                log.exception("a pushgw_push_result hook failed")
+        if observers:  # each observer is called on its own; a failing one is logged there
+            await gateway.registry.broadcast_async("pushgw_push_result", push=push, receipt=receipt)
 
     return sink
 
