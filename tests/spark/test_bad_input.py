@@ -234,7 +234,8 @@ def test_parquet_type_rules_match_what_spark_reads(spark: Any, tmp_path: Path) -
     assert [reads for _, _, reads in TYPES] == [
         parquet_schema_problem(
             pq.read_metadata(tmp_path / f"case-{i}.parquet").schema, dict(RECEIPT_FIELDS)
-        ) is None
+        )
+        is None
         for i in range(len(TYPES))
     ]
 
