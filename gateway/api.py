@@ -14,6 +14,7 @@ from gateway.config import (
     ConfigModel,
     ExistingFile,
     FcmAppConfig,
+    yaml_document,
 )
 from gateway.context import CommandContext, PluginContext, Service
 from gateway.core.dispatcher import Dispatcher
@@ -58,4 +59,5 @@ __all__ = [
     "Store",
     "fcm_data_size_bound",
     "hookimpl",
+    "yaml_document",
 ]

@@ -46,6 +46,7 @@ from gateway.config.loading import (
     load_settings,
     read_yaml,
     validate_plugin_section,
+    yaml_document,
 )
 from gateway.config.masking import MASK, mask_url, masked
 from gateway.config.sections import (
@@ -99,4 +100,5 @@ __all__ = [
     "read_secret_file",
     "read_yaml",
     "validate_plugin_section",
+    "yaml_document",
 ]

@@ -19,6 +19,22 @@ from gateway.config.sections import Settings
 CONFIG_ENV = "PUSHGW_CONFIG"
 
 
+def yaml_document(data: bytes) -> Any:
+    """The YAML document in a file's bytes (None when empty); `ValueError` saying what
+    is wrong in words an operator can act on: not UTF-8 (with the byte), or invalid YAML
+    (with the line)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not a YAML file: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise ValueError(f"{where}invalid YAML ({getattr(exc, 'problem', exc)})") from None
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = path.read_bytes()
@@ -27,19 +43,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError([f"cannot read config file: {exc.strerror}"], str(path)) from None
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            [f"not a YAML file: not UTF-8 text (byte {exc.start})"], str(path)
-        ) from None
-    try:
-        loaded = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark else ""
-        raise ConfigError(
-            [f"{where}invalid YAML ({getattr(exc, 'problem', exc)})"], str(path)
-        ) from None
+        loaded = yaml_document(data) or {}
+    except ValueError as exc:
+        raise ConfigError([str(exc)], str(path)) from None
     if not isinstance(loaded, dict):
         raise ConfigError(["the top level must be a mapping"], str(path))
     return loaded

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from gateway.api import yaml_document
 from plugins.matrix.config import MatrixAppConfig, MatrixConfig
 
 log = logging.getLogger("plugins.matrix")
@@ -189,17 +189,13 @@ def load_sygnal_config(
     """
     source = str(path)
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise SygnalConfigError([f"cannot read the file ({exc.strerror})"], source) from None
     try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark else ""
-        raise SygnalConfigError(
-            [f"{where}invalid YAML ({getattr(exc, 'problem', 'parse error')})"], source
-        ) from None
+        data = yaml_document(raw) or {}
+    except ValueError as exc:
+        raise SygnalConfigError([str(exc)], source) from None
     try:
         config, warnings = translate_sygnal_config(data)
     except SygnalConfigError as exc:

@@ -220,6 +220,9 @@ def test_file_errors(tmp_path: Path) -> None:
     bad.write_text("apps: [\n")
     with pytest.raises(SygnalConfigError, match="invalid YAML"):
         load_sygnal_config(bad)
+    bad.write_bytes(b"apps: \xff\n")  # a traceback (UnicodeDecodeError) before
+    with pytest.raises(SygnalConfigError, match=r"not UTF-8 text \(byte 6\)"):
+        load_sygnal_config(bad)
     bad.write_text("- 1\n")
     with pytest.raises(SygnalConfigError, match="mapping"):
         load_sygnal_config(bad)
