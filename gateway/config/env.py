@@ -3,6 +3,12 @@
 `environment_overrides` checks every variable against the core model (or leaves it
 for a plugin's model, inside `plugins.<name>`) and converts its text to the key's
 type; `_merge` lays the result over the file.
+
+Written here rather than left to pydantic-settings' environment source (which
+`Settings` turns off), because that source cannot do what operators are promised: it
+ignores a misspelled variable, reports a bad value under the key path with neither the
+variable nor the file it overrides named, takes lists only as JSON, and cannot see the
+plugin sections, whose models are known only once the plugins are loaded.
 """
 
 from __future__ import annotations
