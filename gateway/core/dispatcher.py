@@ -8,8 +8,10 @@ slow or broken app only ever blocks its own lane.
 
 Every push accepted by `send()` ends with a receipt, whatever happens: at shutdown
 (`drain()`) the pushes waiting for a retry or behind a closed gate are woken and end
-`transient`/`shutting_down`, and a provider client that raises (a bug: clients classify
-provider trouble into an `Attempt`) ends the push `transient`/`client_error`.
+`transient`/`shutting_down`, and so does a push whose send is cancelled before its end
+is decided (then the cancellation goes on); a provider client that raises (a bug:
+clients classify provider trouble into an `Attempt`) ends the push
+`transient`/`client_error`.
 """
 
 from __future__ import annotations
@@ -81,6 +83,14 @@ class Lane:
 
 
 _CLIENT_FAILED = "the provider client raised an exception (see the gateway log)"
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far a push's delivery got: what its receipt says if its send is cancelled."""
+
+    attempts: int = 0  # provider requests made, one still out included
+    status: int | None = None  # HTTP status of the last one; None while it is out
 
 
 def backoff_delay(retry: int, base: float, cap: float) -> float:
@@ -180,6 +190,24 @@ class Dispatcher:
                 self._idle.set()
 
     async def _deliver(self, push: Push, lane: Lane) -> Receipt:
+        progress = _Progress()
+        try:
+            ending = await self._attempts(push, lane, progress)
+        except asyncio.CancelledError:
+            # Only shutdown cancels a send: aiohttp cancels the request handlers it waited
+            # for, a service its sends, `close()` the submitted ones that outlived the
+            # clients. Nothing accepted is lost, so the push still ends transient/
+            # shutting_down (as `_stopped` ends those `drain()` wakes), then the
+            # cancellation goes on; `send()`'s `finally` still counts the push out.
+            await self._stopped(push, lane, progress.status, progress.attempts)
+            raise
+        # Outside the `try`: a push cancelled while its final receipt is being made (the
+        # sink awaited) has that receipt, and must not get a second one.
+        return await ending
+
+    async def _attempts(self, push: Push, lane: Lane, progress: _Progress) -> Awaitable[Receipt]:
+        """Attempt delivery, retrying within the deadline, until the push's end is decided;
+        return that end not yet awaited (what makes the final receipt: see `_deliver`)."""
         policy = push.policy
         deadline = push.submitted + min(policy.deadline, self.config.max_deadline)
         max_retries = self.config.max_retries
@@ -192,27 +220,21 @@ class Dispatcher:
         while True:
             now = time.monotonic()
             if now >= deadline:
-                return await self._shed(
-                    push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts
-                )
+                return self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
             if not lane.breaker.allow(now):
-                return await self._shed(
-                    push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts
-                )
+                return self._shed(push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts)
             if lane.gate_until > now:
                 if lane.gate_until >= deadline:
-                    return await self._shed(
-                        push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts
-                    )
+                    return self._shed(push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts)
                 if not await self._pause(lane.gate_until - now):
-                    return await self._stopped(push, lane, last, attempts)
+                    return self._stopped(push, lane, last, attempts)
                 continue
             if not await lane.slots.acquire(deadline):
-                return await self._shed(
-                    push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts
-                )
+                return self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
             started = time.monotonic()
             crashed = False
+            # A request counts from its start (cancelled, it was still made), with no status.
+            progress.attempts, progress.status = attempts + 1, None
             try:
                 attempt = await client.send(push)
             except Exception as exc:  # a client bug: still a receipt, never retried
@@ -221,7 +243,7 @@ class Dispatcher:
             finally:
                 lane.slots.release()
             attempts += 1
-            last = attempt.status
+            last = progress.status = attempt.status
             finished = time.monotonic()
             self._observe_attempt(lane, attempt, finished - started)
             if lane.breaker.record(attempt.outcome, finished):
@@ -230,31 +252,31 @@ class Dispatcher:
                 )
             outcome = attempt.outcome
             if outcome is Outcome.OK or outcome is Outcome.PERMANENT or crashed:
-                return await self._final(push, lane, attempt, attempts)
+                return self._final(push, lane, attempt, attempts)
             if outcome is Outcome.TOKEN_INVALID:
-                return await self._token_invalid(push, lane, attempt, attempts)
+                return self._token_invalid(push, lane, attempt, attempts)
             if outcome is Outcome.AUTH:
                 if refreshed:
-                    return await self._final(push, lane, attempt, attempts)
+                    return self._final(push, lane, attempt, attempts)
                 refreshed = True
                 try:
                     await client.refresh_credentials()
                 except Exception as exc:
                     failed = self._client_failed(lane, "refresh_credentials", exc)
-                    return await self._final(push, lane, failed, attempts)
+                    return self._final(push, lane, failed, attempts)
                 continue
             # throttled or transient: the one retry policy
             if retries >= max_retries:
-                return await self._final(push, lane, attempt, attempts)
+                return self._final(push, lane, attempt, attempts)
             delay = self._retry_delay(attempt, retries)
             if attempt.credential_wide:
                 lane.gate_until = max(lane.gate_until, finished + delay)
             if finished + delay >= deadline:
-                return await self._final(push, lane, attempt, attempts)
+                return self._final(push, lane, attempt, attempts)
             retries += 1
             lane.metrics.retries.inc()
             if not await self._pause(delay):
-                return await self._stopped(push, lane, last, attempts)
+                return self._stopped(push, lane, last, attempts)
 
     async def _pause(self, seconds: float) -> bool:
         """Wait `seconds` (a retry's backoff, a closed gate); False when `drain()` began."""
@@ -269,7 +291,8 @@ class Dispatcher:
         return False
 
     async def _stopped(self, push: Push, lane: Lane, status: int | None, attempts: int) -> Receipt:
-        """The final receipt of a push that was waiting to retry when shutdown began."""
+        """The final receipt of a push that was waiting to retry when shutdown began, or
+        whose send was cancelled."""
         stopped = Attempt(Outcome.TRANSIENT, status, Reason.SHUTTING_DOWN)
         return await self._final(push, lane, stopped, attempts)
 
@@ -417,16 +440,28 @@ class Dispatcher:
     async def close(self, timeout: float = 5.0) -> None:
         """Close the provider clients, then wait up to `timeout` s for the pushes still in
         flight (their requests end `transient` with the clients) to reach their receipts,
-        so that the receipts sink, closed after the dispatcher, gets them."""
+        so that the receipts sink, closed after the dispatcher, gets them. The `submit()`
+        tasks still running after that are cancelled (each push ends `shutting_down`) and
+        waited for, up to `timeout` s again."""
         self._closing.set()
         await asyncio.gather(
             *(lane.client.close() for lane in self._lanes.values()), return_exceptions=True
         )
-        if self._in_flight:
-            try:
-                await asyncio.wait_for(self._idle.wait(), timeout)
-            except TimeoutError:
-                log.warning(
-                    "shutdown: %d pushes still in flight after the provider clients closed",
-                    self._in_flight,
-                )
+        if not self._in_flight:
+            return
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            stuck = list(self._background)
+            log.warning(
+                "shutdown: %d pushes still in flight after the provider clients closed; "
+                "cancelling the %d submitted ones",
+                self._in_flight,
+                len(stuck),
+            )
+            # Left to the event loop's teardown, they would be cancelled after the
+            # receipts writer closed, and their receipts lost.
+            for task in stuck:
+                task.cancel()
+            if stuck:
+                await asyncio.wait(stuck, timeout=timeout)

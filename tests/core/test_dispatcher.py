@@ -1,5 +1,6 @@
 """The dispatcher against the simulators with the real provider clients: retries within the
-deadline, Retry-After, gates, shedding, circuit breaking, the invalidation guard, draining."""
+deadline, Retry-After, gates, shedding, circuit breaking, the invalidation guard, draining,
+and sends cancelled at shutdown."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp.test_utils import TestServer
 
-from gateway.app import load_gateway, running_core
+from gateway.app import create_app, load_gateway, running_core
 from gateway.config import ApnsAppConfig, DeliveryConfig, FcmAppConfig
 from gateway.context import TokenHasher
 from gateway.core.apns import ApnsClient
@@ -617,3 +620,144 @@ async def test_shutdown_writes_the_receipts_of_pushes_waiting_to_retry(
             503,
             1,
         )
+
+
+# --- a send cancelled mid-delivery (only shutdown does that) still ends with one receipt --
+
+
+async def never_answered(_push: Push) -> Attempt:
+    """A request the provider never answers, which closing the client does not end."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def pushes_counted(dispatcher: Dispatcher, outcome: str, reason: str) -> float | None:
+    return dispatcher.metrics.registry.get_sample_value(
+        "pushgw_pushes_total",
+        {"plugin": "p", "provider": "fcm", "app": "android", "outcome": outcome, "reason": reason},
+    )
+
+
+@pytest.mark.parametrize(
+    ("held", "status", "attempts"),
+    [("request", None, 1), ("retry", 503, 1), ("slot", None, 0)],
+)
+async def test_a_cancelled_send_ends_shutting_down_and_stays_cancelled(
+    held: str, status: int | None, attempts: int
+) -> None:
+    def answer(push: Push) -> Any:
+        if held == "retry":
+            return Attempt(Outcome.TRANSIENT, 503, "UNAVAILABLE", retry_after=30.0)
+        return never_answered(push)
+
+    client = ScriptedClient("android", answer)
+    client.max_in_flight = 1
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    lane = dispatcher._lanes[("p", "android")]
+    policy = PushPolicy(deadline=50)
+    holder = None
+    if held == "slot":  # another push holds the lane's one slot
+        holder = asyncio.create_task(dispatcher.send(Push("p", "android", "t0", {}, policy=policy)))
+        await client.called.wait()
+    push = Push("p", "android", "t1", {}, policy=policy)
+    task = asyncio.create_task(dispatcher.send(push))
+    if held == "slot":
+        await asyncio.sleep(0)  # one loop step: t1 runs up to the slot wait
+        assert lane.slots.waiting == 1
+    else:
+        await client.called.wait()  # t1's request is out, or was answered: it waits 30 s
+
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [(r.push_id, r.outcome, r.reason, r.status, r.attempts) for r in receipts] == [
+        (push.id, Outcome.TRANSIENT, Reason.SHUTTING_DOWN, status, attempts)
+    ]
+    assert pushes_counted(dispatcher, "transient", "shutting_down") == 1
+    still = 1 if holder is not None else 0  # the push holding the slot is still out
+    assert lane.pending == dispatcher.in_flight == still
+    if holder is not None:
+        holder.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holder
+    assert lane.pending == dispatcher.in_flight == 0
+    assert dispatcher._idle.is_set()
+    await dispatcher.close()
+
+
+@pytest.mark.parametrize("final", ["ok", "shutting_down"])
+async def test_a_send_cancelled_while_its_receipt_is_made_gets_no_second_one(final: str) -> None:
+    ok = final == "ok"
+    client = ScriptedClient(
+        "android", lambda p: Attempt(Outcome.OK, 200) if ok else never_answered(p)
+    )
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    in_sink = asyncio.Event()
+
+    async def slow_sink(_push: Push, receipt: Receipt) -> None:
+        receipts.append(receipt)
+        if not in_sink.is_set():  # e.g. an observer still busy when shutdown cancels
+            in_sink.set()
+            await asyncio.Event().wait()
+
+    dispatcher.sink = slow_sink
+    task = asyncio.create_task(dispatcher.send(Push("p", "android", "t1", {})))
+    if not ok:  # cancelled in flight: its shutting_down receipt is being made...
+        await client.called.wait()
+        task.cancel()
+    async with asyncio.timeout(5):  # a guard, not a wait: the sink is entered at once
+        await in_sink.wait()
+    task.cancel()  # ...when a (second) cancellation lands
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    reason = None if ok else Reason.SHUTTING_DOWN
+    assert [(r.outcome.value, r.reason) for r in receipts] == [
+        ("ok" if ok else "transient", reason)
+    ]
+    assert dispatcher.in_flight == 0
+    await dispatcher.close()
+
+
+async def test_close_cancels_the_submitted_sends_that_outlive_the_clients() -> None:
+    client = ScriptedClient("android", never_answered)  # closing it ends nothing
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    task = dispatcher.submit(Push("p", "android", "t1", {}, policy=PushPolicy(deadline=50)))
+    await client.called.wait()
+    assert not await dispatcher.drain(timeout=0.01)
+    await dispatcher.close(timeout=0.2)
+    # its receipt reached the sink before close() returned (the receipts writer closes next)
+    assert task.cancelled()
+    assert [(r.outcome, r.reason, r.status, r.attempts) for r in receipts] == [
+        (Outcome.TRANSIENT, Reason.SHUTTING_DOWN, None, 1)
+    ]
+    assert dispatcher.in_flight == 0
+
+
+async def test_server_shutdown_cancelling_a_push_request_still_writes_its_receipt(
+    sample_plugin_installed: str, tmp_path: Path
+) -> None:
+    async with ApnsSimulator() as apns:
+        ios = apns_app_config(apns, tmp_path, request_timeout=60.0)
+        config = base_config(tmp_path, {"sample": {"apps": {"ios": ios}}})
+        apns.script(token(800), ApnsResponse.ok(delay=60.0))  # answers long after the test
+        gateway = load_gateway(data=config)
+        server = TestServer(create_app(gateway))
+        # aiohttp waits that long for the request handlers at shutdown, then cancels them
+        await server.start_server(shutdown_timeout=0.05)
+        body = {"app": "ios", "token": token(800), "payload": {"aps": {}}}
+        async with aiohttp.ClientSession() as session:
+            request = asyncio.create_task(session.post(server.make_url("/sample/push"), json=body))
+            await apns.wait_for_requests(1)
+            await server.close()  # the handler, in the middle of its send, is cancelled
+            await asyncio.gather(request, return_exceptions=True)
+    receipts = tmp_path / "receipts"
+    assert not list(receipts.glob("*.open"))
+    lines = [line for f in receipts.glob("*.jsonl") for line in f.read_text().splitlines()]
+    records = [json.loads(line) for line in lines]
+    assert [(r["status"], r["reason"], r["http_status"], r["attempts"]) for r in records] == [
+        ("transient", "shutting_down", None, 1)
+    ]
+    assert gateway.runtime.metrics.registry.get_sample_value("pushgw_receipts_lost_total") == 0
