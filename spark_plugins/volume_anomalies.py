@@ -3,11 +3,17 @@
 Receipts are counted per UTC hour and group (option `by`, default `plugin`; any of
 `plugin`, `provider`, `app_id`, comma-separated, or empty for the whole gateway). A null
 group value (`provider` of a push for an unknown app) is a group of its own: null in
-Parquet, an empty field in CSV. Each group's series is made dense from its first hour
-to the newest hour in the data (an hour without receipts has volume 0: a silent hour is
-a drop, not a gap). For each hour, the baseline is the previous `baseline_hours` hours
-(default 24; the hour itself is not included); an hour is judged only once
-`min_baseline_hours` (default 6) of history exist.
+Parquet, an empty field in CSV. Each group's series runs from its first hour to the
+newest hour in the data (an hour without receipts has volume 0: a silent hour is a
+drop, not a gap). For each hour, the baseline is the previous `baseline_hours` hours of
+that series (default 24; the hour itself is not included, nor hours before the group's
+first); an hour is judged only once `min_baseline_hours` (default 6) of history exist.
+Only the hours that can matter are materialised: each hour with receipts and the
+`baseline_hours` hours after it. An hour further than that from any receipt has volume
+0 and a baseline of zeros, so it is never an anomaly and adds nothing to a later
+baseline; leaving it out keeps the series as large as the data, not as long as its time
+span (one receipt from a node whose clock is decades off would otherwise add up to
+~876,000 hours, 2000 to 2099, per group).
 
 An hour is complete when it ended at or before `now` (option, unix seconds; default:
 the newest receipt's time, so the newest hour is incomplete). An incomplete hour is
@@ -27,8 +33,10 @@ With `factor` F (default 3):
 
 Outputs: `anomalies.parquet/` + `anomalies.csv` (hour, group, kind, volume,
 baseline_volume, failures, failure_rate, baseline_failure_rate, ratio) and
-`volume.parquet/` + `volume.csv` (every hour of every group with its baseline, and
-`complete`).
+`volume.parquet/` + `volume.csv` (hour, group, volume, failures, failure_rate,
+baseline_hours, baseline_volume, baseline_failure_rate, complete): for each group, every
+hour with receipts and each of the `baseline_hours` hours after one, up to the newest
+hour in the data. Its rows are `group_hours` in the result.
 """
 
 from __future__ import annotations
@@ -111,15 +119,27 @@ def check_options(options: Mapping[str, Any]) -> None:
 
 
 def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
-    """Dense hourly series per group with the trailing baseline of each hour.
+    """Hourly series per group with the trailing baseline of each hour.
+
+    The baseline of hour h is over the group's dense series: every hour from its first
+    hour to the newest hour in the data, an hour without receipts being volume 0. Only
+    the hours that can matter are listed: each hour with receipts and the
+    `baseline_hours` hours after it (up to the next hour with receipts and to the newest
+    hour in the data). An hour further than that from any receipt has volume 0 and a
+    baseline of zeros, so it is never an anomaly, and it adds nothing to a later hour's
+    baseline sums: those are summed over a range of hours, and divided by the number of
+    hours the dense series has there (`baseline_hours`, fewer near the group's first
+    hour). So a receipt years away from the rest (a wrong clock) adds at most
+    `baseline_hours` + 1 rows per group, not one per hour between.
 
     Null group values (a push for an unknown app has no provider) form a group of their
-    own: the grid is joined to the counts null-safely.
+    own: window partitions keep nulls together.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     by = list(options["by"])  # checked by the option: known columns, each once
+    n = int(options["baseline_hours"])
     hour = (F.floor(F.col("ts") / 3600) * 3600).cast("long")
     counts = receipts.groupBy(hour.alias("h"), *by).agg(
         F.count(F.lit(1)).alias("volume"),
@@ -128,37 +148,56 @@ def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     )
     now = options.get("now")
     end = F.lit(float(now)) if now is not None else F.max("newest")
-    last = counts.agg(F.max("h").alias("last"), end.alias("end"))
-    firsts = counts.groupBy(*by).agg(F.min("h").alias("first"))
-    grid = firsts.crossJoin(last).select(
+    bounds = counts.agg(F.max("h").alias("last"), end.alias("end"))
+    group = Window.partitionBy(*by) if by else Window.partitionBy()
+    in_order = group.orderBy("h")
+    # each hour with receipts, then the empty hours before the group's next one: at most
+    # n of them (the ones whose baseline still holds this hour), none past the newest
+    upto = F.least(
+        F.coalesce(F.lead("h").over(in_order) - 3600, F.col("last")),
+        F.col("h") + F.lit(n * 3600).cast("long"),
+    )
+    runs = counts.crossJoin(bounds).select(
         *by,
-        F.explode(F.sequence("first", "last", F.lit(3600).cast("long"))).alias("h"),
+        "h",
+        "volume",
+        "failures",
         "end",
+        F.min("h").over(group).alias("first"),
+        upto.alias("upto"),
     )
-    g, c = grid.alias("g"), counts.alias("c")
-    same = F.col("g.h") == F.col("c.h")
-    for column in by:  # null == null is null in SQL: an unknown app's hours would be lost
-        same = same & F.col(f"g.{column}").eqNullSafe(F.col(f"c.{column}"))
-    dense = g.join(c, on=same, how="left").select(
-        F.col("g.h").alias("h"),
-        *[F.col(f"g.{column}").alias(column) for column in by],
-        F.coalesce(F.col("c.volume"), F.lit(0)).alias("volume"),
-        F.coalesce(F.col("c.failures"), F.lit(0)).alias("failures"),
-        ((F.col("g.h") + 3600) <= F.col("g.end")).alias("complete"),
+    spread = runs.select(
+        *by,
+        "volume",
+        "failures",
+        "end",
+        "first",
+        F.posexplode(F.sequence("h", "upto", F.lit(3600).cast("long"))).alias("i", "hour_s"),
     )
-    n = int(options["baseline_hours"])
-    window = (Window.partitionBy(*by) if by else Window.partitionBy()).orderBy("h")
-    trailing = window.rowsBetween(-n, -1)
-    base_volume = F.sum("volume").over(trailing)
-    return dense.select(
+    series = spread.select(
+        F.col("hour_s").alias("h"),
+        *by,
+        F.when(F.col("i") == 0, F.col("volume")).otherwise(F.lit(0).cast("long")).alias("volume"),
+        F.when(F.col("i") == 0, F.col("failures"))
+        .otherwise(F.lit(0).cast("long"))
+        .alias("failures"),
+        "first",
+        ((F.col("hour_s") + 3600) <= F.col("end")).alias("complete"),
+    )
+    # the previous n hours by time, not by row: unlisted hours count as 0
+    trailing = in_order.rangeBetween(-n * 3600, -3600)
+    held = F.least(F.lit(n).cast("long"), ((F.col("h") - F.col("first")) / 3600).cast("long"))
+    base_volume = F.coalesce(F.sum("volume").over(trailing), F.lit(0).cast("long"))
+    base_failures = F.coalesce(F.sum("failures").over(trailing), F.lit(0).cast("long"))
+    return series.select(
         F.timestamp_seconds("h").alias("hour"),
         *by,
         "volume",
         "failures",
         F.try_divide(F.col("failures"), F.col("volume")).alias("failure_rate"),
-        F.count(F.lit(1)).over(trailing).alias("baseline_hours"),
-        F.avg("volume").over(trailing).alias("baseline_volume"),
-        F.try_divide(F.sum("failures").over(trailing), base_volume).alias("baseline_failure_rate"),
+        held.alias("baseline_hours"),
+        F.when(held > 0, base_volume / held).alias("baseline_volume"),
+        F.try_divide(base_failures, base_volume).alias("baseline_failure_rate"),
         "complete",
     )
 
@@ -227,8 +266,9 @@ def run(
         print(f"pushgw spark: {NAME}: reading receipts from {receipts_dir}", file=sys.stderr)
         ensure_dir(spark, out_dir)
         by = list(options["by"])
-        paths, hourly = write_table(series, out_dir, "volume", [*by, "hour"], collect=True)
+        paths, _ = write_table(series, out_dir, "volume", [*by, "hour"])
         result.outputs.update(paths)
+        group_hours = series.count()  # cached: not collected to the driver to be counted
         result.input = source.stats()
         report_bad_input(result.input)
         found = anomalies(series, options)
@@ -240,7 +280,7 @@ def run(
     finally:
         series.unpersist()
     result.metrics = {
-        "group_hours": len(hourly),
+        "group_hours": group_hours,
         "anomalies": sum(kinds.values()),
         "by_kind": kinds,
     }

@@ -173,3 +173,46 @@ def volume_anomalies(
             if fails[i] >= min_failures and rate is not None and rate > floor * factor:
                 found[(h, *group, "failure_spike")] = numbers
     return found
+
+
+def volume_series(
+    records: Iterable[dict[str, Any]],
+    *,
+    by: tuple[str, ...] = ("plugin",),
+    now: float | None = None,
+    baseline_hours: int = 24,
+) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """(hour, *group) -> the `volume` table's numbers, for every hour of each group's
+    dense series: from the group's first hour to the newest hour in the data, a silent
+    hour being volume 0 (the series `volume_anomalies` above judges). The baseline of an
+    hour is its previous `baseline_hours` hours of that series (fewer near its start)."""
+    volume: dict[tuple[Any, ...], int] = defaultdict(int)
+    failures: dict[tuple[Any, ...], int] = defaultdict(int)
+    records = list(records)
+    for r in records:
+        key = (tuple(r[c] for c in by), hour(r["ts"]))
+        volume[key] += 1
+        failures[key] += r["status"] != "ok"
+    last = max(h for _, h in volume)
+    end = now if now is not None else max(r["ts"] for r in records)
+    series = {}
+    for group in {g for g, _ in volume}:
+        first = min(h for g, h in volume if g == group)
+        hours = list(range(first, last + 1, 3600))
+        vols = [volume.get((group, h), 0) for h in hours]
+        fails = [failures.get((group, h), 0) for h in hours]
+        for i, h in enumerate(hours):
+            prev = range(max(0, i - baseline_hours), i)
+            base_vol_sum = sum(vols[j] for j in prev)
+            series[(h, *group)] = {
+                "volume": vols[i],
+                "failures": fails[i],
+                "failure_rate": fails[i] / vols[i] if vols[i] else None,
+                "baseline_hours": len(prev),
+                "baseline_volume": base_vol_sum / len(prev) if prev else None,
+                "baseline_failure_rate": (
+                    sum(fails[j] for j in prev) / base_vol_sum if base_vol_sum else None
+                ),
+                "complete": h + 3600 <= end,
+            }
+    return series
