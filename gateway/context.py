@@ -152,16 +152,16 @@ class CommandContext:
 
     @contextlib.asynccontextmanager
     async def open_store(self) -> AsyncIterator[Store]:
-        """The configured store, migrated as at start-up (when `store.auto_upgrade`).
+        """The configured store, migrated as at start-up (when `store.auto_upgrade`),
+        else checked to be at head.
 
-        While it is open, plugin contexts' `store` handles work too.
+        Opened as the core's commands open it: a database that is unreachable, refuses
+        or is not migrated raises `gateway.cli.DatabaseError` (one line, password masked;
+        `pushgw` reports it with exit status 1), an unusable `store.url` a `ConfigError`
+        (status 2). While it is open, plugin contexts' `store` handles work too.
         """
+        from gateway.cli import opened_store  # gateway.cli imports this module
+
         loaded = self.load()
-        store = loaded.open_store()
-        try:
-            if loaded.settings.store.auto_upgrade:
-                await store.upgrade(loaded.migration_dirs())
+        async with opened_store(loaded, migrate=loaded.settings.store.auto_upgrade) as store:
             yield store
-        finally:
-            await store.close()
-            loaded.runtime.store = None

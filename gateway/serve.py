@@ -7,11 +7,16 @@ the sum over all of them. Migrations run once, in the parent, before workers sta
 The port is bound before anything starts (migrations, provider clients, workers): a
 port in use, a host that is not local, a privileged port is one line (`ServeError`,
 exit status 2), and a database that does not answer is one line too (exit status 1).
+
+With several workers the gateway runs with all of them or not at all: a worker that
+exits before SIGTERM or SIGINT came to the parent (it could not listen, a plugin
+service failed to start, it crashed) stops the others, and `serve` exits non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -23,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +41,8 @@ if TYPE_CHECKING:
 
 SIMULATOR_READY_FILE = "ready.json"
 BACKLOG = 128  # aiohttp's default
+EXIT_WORKER_FAILED = 1  # a worker exited 0 or was killed while the gateway was running
+STOP_GRACE = 10.0  # seconds beyond a worker's own shutdown deadlines before SIGKILL
 
 
 class ServeError(Exception):
@@ -104,22 +113,98 @@ def _serve(
         ctx.Process(target=_run_worker, args=(config, data, host, port, i), name=f"pushgw-{i}")
         for i in range(workers)
     ]
-    for proc in procs:
-        proc.start()
+    stop_signal: int | None = None
+    signalled: set[int] = set()  # pids the stop signal was forwarded to
 
     def forward(signum: int, _frame: Any) -> None:
+        nonlocal stop_signal
+        stop_signal = signum
         for proc in procs:
             if proc.pid and proc.is_alive():
-                os.kill(proc.pid, signum)
+                signalled.add(proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signum)
 
+    # Before the workers start: a signal while they start stops those started so far.
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
         for proc in procs:
-            proc.join()
+            if stop_signal is not None:
+                break
+            proc.start()
+            if stop_signal is not None and proc.pid and proc.pid not in signalled:
+                os.kill(proc.pid, stop_signal)  # the signal came during start()
+        started = [proc for proc in procs if proc.pid]
+        grace = 2 * server.shutdown_timeout + STOP_GRACE
+        return _supervise(started, lambda: stop_signal is not None, grace)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
-    return max((p.exitcode or 0) for p in procs)
+
+
+def _supervise(procs: Sequence[BaseProcess], stopping: Callable[[], bool], grace: float) -> int:
+    """Wait for the workers to exit; the exit status of `pushgw serve`.
+
+    A worker that exits while the gateway is not `stopping` (no SIGTERM or SIGINT came)
+    ends the gateway: it is named in one line, the others are stopped (`_stop`), and the
+    status is that worker's (1 when it exited 0 or was killed by a signal). Otherwise
+    the status is 0 when every worker stopped cleanly.
+    """
+    from multiprocessing.connection import wait
+
+    running: dict[Any, BaseProcess] = {proc.sentinel: proc for proc in procs}
+    while running:
+        for sentinel in wait(list(running)):  # the processes' sentinels: no polling
+            proc = running.pop(sentinel)
+            proc.join()
+            if stopping():
+                continue
+            code = proc.exitcode or 0
+            if code < 0:
+                how = f"was killed by {_signal_name(-code)}"
+            else:
+                how = f"exited with status {code}"
+            index = procs.index(proc)  # procs are the workers started, in order
+            print(
+                f"pushgw: error: worker {index} (pid {proc.pid}) {how}: stopping the gateway",
+                file=sys.stderr,
+                flush=True,
+            )
+            _stop(list(running.values()), grace)
+            return code if code > 0 else EXIT_WORKER_FAILED
+    return max((_stopped_status(proc.exitcode) for proc in procs), default=0)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal, say
+        return f"signal {signum}"
+
+
+def _stopped_status(exitcode: int | None) -> int:
+    """A worker's contribution to the exit status once the gateway was told to stop."""
+    if not exitcode:
+        return 0
+    if exitcode < 0:  # killed before it could handle the forwarded signal: a clean stop too
+        return 0 if -exitcode in (signal.SIGTERM, signal.SIGINT) else EXIT_WORKER_FAILED
+    return exitcode
+
+
+def _stop(procs: Sequence[BaseProcess], grace: float) -> None:
+    """SIGTERM the workers, give them `grace` seconds to shut down, then SIGKILL the rest."""
+    from multiprocessing.connection import wait
+
+    for proc in procs:
+        proc.terminate()  # SIGTERM; nothing for a worker that has exited already
+    deadline = time.monotonic() + grace
+    running: dict[Any, BaseProcess] = {proc.sentinel: proc for proc in procs}
+    while running and (left := deadline - time.monotonic()) > 0:
+        for sentinel in wait(list(running), timeout=left):
+            running.pop(sentinel).join()
+    for proc in running.values():
+        proc.kill()
+        proc.join()
 
 
 def listen(host: str, port: int, *, reuse_port: bool, what: str = "") -> list[socket.socket]:

@@ -260,3 +260,42 @@ def test_serve_runs_on_the_configured_loop(tmp_path: Path) -> None:
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert "(asyncio loop): ======== Running on" in stderr, stderr
+
+
+@pytest.mark.parametrize("auto_upgrade", [True, False])
+def test_a_plugin_command_on_an_unreachable_database_is_one_line(
+    tmp_path: Path, auto_upgrade: bool
+) -> None:
+    """`CommandContext.open_store` opens the store as the core's commands do."""
+    with socket.socket() as refusing:  # bound, never listening: connections are refused
+        refusing.bind(("127.0.0.1", 0))
+        port = refusing.getsockname()[1]
+        url = f"postgresql+asyncpg://u:S3cretPw@127.0.0.1:{port}/x"
+        path = write_config(
+            tmp_path,
+            {
+                "store": {"url": url, "auto_upgrade": auto_upgrade},
+                "plugins": {"enabled": ["zulip"]},
+            },
+        )
+        result = run("--config", str(path), "zulip", "servers")
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"pushgw: error: database postgresql+asyncpg://u:***@127.0.0.1:{port}/x: "
+        "ConnectionRefusedError: "
+    )
+    assert result.stderr.count("\n") == 1 and "S3cretPw" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_plugin_command_on_an_unusable_sqlite_path_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")  # a file where the database's directory should be
+    db = tmp_path / "afile" / "pushgw.db"
+    path = write_config(
+        tmp_path,
+        {"store": {"url": f"sqlite+aiosqlite:///{db}"}, "plugins": {"enabled": ["zulip"]}},
+    )
+    result = run("--config", str(path), "zulip", "gc")
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"pushgw: error: database sqlite+aiosqlite:///{db}: ")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

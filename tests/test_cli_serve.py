@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -152,3 +157,162 @@ def test_a_worker_that_cannot_listen_says_so_in_one_line(
     assert capsys.readouterr().err == (
         f"pushgw: error: cannot listen on 127.0.0.1:{busy_port}: address already in use\n"
     )
+
+
+# --- a worker that ends while the gateway runs ends the gateway ----------------------
+
+# A plugin whose service cannot start in worker 1 (a real start-up failure, as a relay
+# that cannot be reached would be). Worker 1 fails only once worker 0's service has
+# started (a FIFO hand-over, no sleeps): worker 0 is then up, and must be stopped.
+HANDSHAKE_PLUGIN = """
+import os
+from pathlib import Path
+
+from gateway.api import hookimpl
+
+
+class Handshake:
+    name = "handshake"
+
+    def __init__(self):
+        self.running = False
+
+    async def start(self):
+        fifo = Path(os.environ["HANDSHAKE_FIFO"])
+        worker = os.environ["PUSHGW_WORKER"]
+        fifo.with_name(f"worker-{worker}.pid").write_text(str(os.getpid()))
+        if worker == "0":
+            with fifo.open("w") as pipe:  # blocks until worker 1 opens it
+                pipe.write("started")
+            self.running = True
+            return
+        with fifo.open() as pipe:  # until worker 0 has started and closed it
+            pipe.read()
+        raise RuntimeError("handshake: cannot start in this worker")
+
+    async def stop(self):
+        self.running = False
+
+    def ready(self):
+        return self.running
+
+
+@hookimpl
+def pushgw_services(context):
+    return [Handshake()]
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_worker_failing_at_start_up_stops_the_gateway(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    dist_info = site / "pushgw_handshake-1.0.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: pushgw-handshake\nVersion: 1.0\n"
+    )
+    (dist_info / "entry_points.txt").write_text("[pushgw.plugins]\nhandshake = pushgw_handshake\n")
+    (site / "pushgw_handshake.py").write_text(HANDSHAKE_PLUGIN)
+    fifo = tmp_path / "handshake.fifo"
+    os.mkfifo(fifo)
+    path = tmp_path / "pushgw.yaml"
+    config = {
+        "server": {"port": free_port(), "workers": 2, "shutdown_timeout": 1},
+        "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"},
+        "receipts": {"directory": str(tmp_path / "receipts")},
+        "plugins": {"enabled": ["handshake"]},
+    }
+    path.write_text(yaml.safe_dump(config))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.getcwd()]),
+        "HANDSHAKE_FIFO": str(fifo),
+    }
+    proc = subprocess.Popen(
+        [*PUSHGW, "serve", "--config", str(path)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: cleaned up below whatever happens
+    )
+    try:
+        _, stderr = proc.communicate(timeout=60)  # without the fix: worker 0 serves on
+        pids = {n: int((tmp_path / f"worker-{n}.pid").read_text()) for n in (0, 1)}
+        left = [pid for pid in pids.values() if not _gone(pid)]  # before the clean-up below
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 1, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("pushgw: error:")]
+    assert lines == [
+        f"pushgw: error: worker 1 (pid {pids[1]}) exited with status 1: stopping the gateway"
+    ]
+    assert "RuntimeError: handshake: cannot start in this worker" in stderr  # worker 1's own
+    assert left == []  # worker 0 was stopped, and both were reaped by the parent
+
+
+def _exit_with(code: int, go: Any) -> None:
+    go.wait()
+    if code < 0:
+        os.kill(os.getpid(), -code)  # as a worker killed by that signal
+    sys.exit(code)
+
+
+def _ignore_sigterm(ready: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
+    while True:
+        signal.pause()
+
+
+def test_a_worker_deaf_to_sigterm_is_killed_after_the_grace_period(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    procs = [
+        ctx.Process(target=_ignore_sigterm, args=(ready,)),
+        ctx.Process(target=_exit_with, args=(3, ready)),
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        status = serve._supervise(procs, lambda: False, grace=0.5)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join()
+    assert status == 3
+    assert [proc.exitcode for proc in procs] == [-signal.SIGKILL, 3]
+    assert capsys.readouterr().err == (
+        f"pushgw: error: worker 1 (pid {procs[1].pid}) exited with status 3: stopping the gateway\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "status"), [(0, 0), (-signal.SIGTERM, 0), (-signal.SIGKILL, 1), (2, 2)]
+)
+def test_workers_ending_after_a_stop_signal_give_their_status(code: int, status: int) -> None:
+    """SIGTERM or SIGINT came: each worker's status counts, a clean stop is 0."""
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    go.set()
+    procs = [
+        ctx.Process(target=_exit_with, args=(0, go)),
+        ctx.Process(target=_exit_with, args=(code, go)),
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        assert serve._supervise(procs, lambda: True, grace=0.5) == status
+    finally:
+        for proc in procs:
+            proc.join()
