@@ -106,16 +106,23 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         yield url
 
 
+def install_plugin_dist(site: Path, name: str) -> None:
+    """Make `site` hold the metadata of a distribution `pushgw-NAME` whose `pushgw.plugins`
+    entry point NAME is the module `pushgw_NAME`: with `site` on sys.path, the plugin
+    manager finds it as it finds an installed plugin."""
+    dist_info = site / f"pushgw_{name}-1.0.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: pushgw-{name}\nVersion: 1.0\n"
+    )
+    (dist_info / "entry_points.txt").write_text(f"[pushgw.plugins]\n{name} = pushgw_{name}\n")
+
+
 @pytest.fixture
 def sample_plugin_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Install tests/sample_plugin as a distribution: a dist-info with its entry point."""
     site = tmp_path / "site"
-    dist_info = site / "pushgw_sample-1.0.dist-info"
-    dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: pushgw-sample\nVersion: 1.0\n"
-    )
-    (dist_info / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
+    install_plugin_dist(site, "sample")
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.syspath_prepend(str(SAMPLE_PLUGIN_DIR))
     yield "sample"

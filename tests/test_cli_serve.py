@@ -20,6 +20,7 @@ import yaml
 
 from gateway import serve
 from gateway.context import WORKER_ENV
+from tests.conftest import install_plugin_dist
 
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
@@ -213,12 +214,7 @@ def _gone(pid: int) -> bool:
 
 def test_a_worker_failing_at_start_up_stops_the_gateway(tmp_path: Path) -> None:
     site = tmp_path / "site"
-    dist_info = site / "pushgw_handshake-1.0.dist-info"
-    dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: pushgw-handshake\nVersion: 1.0\n"
-    )
-    (dist_info / "entry_points.txt").write_text("[pushgw.plugins]\nhandshake = pushgw_handshake\n")
+    install_plugin_dist(site, "handshake")
     (site / "pushgw_handshake.py").write_text(HANDSHAKE_PLUGIN)
     fifo = tmp_path / "handshake.fifo"
     os.mkfifo(fifo)

@@ -141,37 +141,21 @@ def volume_anomalies(
     """(hour, *group, kind) -> numbers; a group is the values of the `by` columns (None
     is a value like any other). An hour ending after `now` (default: the newest receipt)
     is never a `volume_drop`."""
-    volume: dict[tuple[Any, ...], int] = defaultdict(int)
-    failures: dict[tuple[Any, ...], int] = defaultdict(int)
-    records = list(records)
-    for r in records:
-        key = (tuple(r[c] for c in by), hour(r["ts"]))
-        volume[key] += 1
-        failures[key] += r["status"] != "ok"
-    last = max(h for _, h in volume)
-    end = now if now is not None else max(r["ts"] for r in records)
+    series = volume_series(records, by=by, now=now, baseline_hours=baseline_hours)
     found = {}
-    for group in {g for g, _ in volume}:
-        first = min(h for g, h in volume if g == group)
-        hours = list(range(first, last + 1, 3600))
-        vols = [volume.get((group, h), 0) for h in hours]
-        fails = [failures.get((group, h), 0) for h in hours]
-        for i, h in enumerate(hours):
-            prev = range(max(0, i - baseline_hours), i)
-            if len(prev) < min_baseline_hours:
-                continue
-            base = sum(vols[j] for j in prev) / len(prev)
-            base_vol_sum = sum(vols[j] for j in prev)
-            base_rate = sum(fails[j] for j in prev) / base_vol_sum if base_vol_sum else None
-            rate = fails[i] / vols[i] if vols[i] else None
-            floor = max(base_rate or 0.0, min_failure_rate)
-            numbers = {"volume": vols[i], "baseline": base}
-            if vols[i] >= min_volume and vols[i] > base * factor:
-                found[(h, *group, "volume_spike")] = numbers
-            if h + 3600 <= end and base >= min_volume and vols[i] < base / factor:
-                found[(h, *group, "volume_drop")] = numbers
-            if fails[i] >= min_failures and rate is not None and rate > floor * factor:
-                found[(h, *group, "failure_spike")] = numbers
+    for (h, *group), row in series.items():
+        if row["baseline_hours"] < min_baseline_hours:
+            continue
+        vol, base = row["volume"], row["baseline_volume"]
+        rate, base_rate = row["failure_rate"], row["baseline_failure_rate"]
+        floor = max(base_rate or 0.0, min_failure_rate)
+        numbers = {"volume": vol, "baseline": base}
+        if vol >= min_volume and vol > base * factor:
+            found[(h, *group, "volume_spike")] = numbers
+        if row["complete"] and base >= min_volume and vol < base / factor:
+            found[(h, *group, "volume_drop")] = numbers
+        if row["failures"] >= min_failures and rate is not None and rate > floor * factor:
+            found[(h, *group, "failure_spike")] = numbers
     return found
 
 
