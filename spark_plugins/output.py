@@ -1,17 +1,25 @@
 """Writing job outputs to a local directory or any Hadoop file system URI.
 
 Tables are written twice: as a Parquet directory (`NAME.parquet/`, for tools) and as
-one CSV file with a header (`NAME.csv`, for people). Small single files (`*.jsonl`,
-PNG, HTML, JSON) are written through the Hadoop FileSystem API, so `--out hdfs://...`
-or `s3a://...` works from a cluster exactly like a local path.
+one CSV file with a header (`NAME.csv`, for people; RFC 4180 quoting). A table the job
+brings to the driver anyway (`collect=True`: a report's summary, its chart's hours) is
+written there, from the rows it collected: one Spark job instead of three, which is most
+of a small table's cost. Any other table is written by Spark, as large as it may be.
+Small single files (`*.jsonl`, PNG, HTML, JSON, collected tables) are written through
+the Hadoop FileSystem API, so `--out hdfs://...` or `s3a://...` works from a cluster
+exactly like a local path.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
+import shutil
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from spark_plugins.paths import arg_path, is_local
@@ -25,7 +33,9 @@ CSV_OPTIONS = {
     "header": "true",
     "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss'Z'",
     "nullValue": "",
+    "escape": '"',  # a quote inside a quoted value is doubled (RFC 4180), not backslashed
 }
+CSV_TIMESTAMP = "%Y-%m-%dT%H:%M:%SZ"  # CSV_OPTIONS' timestampFormat, for rows written here
 
 
 def join(base: str, name: str) -> str:
@@ -110,6 +120,21 @@ def write_json(spark: SparkSession, path: str, obj: Any) -> str:
     return write_bytes(spark, path, (text + "\n").encode())
 
 
+def replace_dir(spark: SparkSession, path: str) -> None:
+    """Remove the directory `path` (if any) and create it empty, as Spark's overwrite does."""
+    if is_local(path):
+        local = arg_path(path)
+        if os.path.isdir(local) and not os.path.islink(local):
+            shutil.rmtree(local)
+        elif os.path.lexists(local):
+            os.remove(local)
+        os.makedirs(local)
+    else:
+        fs, jpath = _fs(spark, path)
+        fs.delete(jpath, True)
+        fs.mkdirs(jpath)
+
+
 def write_result(spark: SparkSession, out_dir: str, result: JobResult, started: float) -> JobResult:
     """Finish a job: its run time, and `result-<job>.json` beside its other outputs."""
     result.seconds = time.monotonic() - started
@@ -154,14 +179,21 @@ def write_table(
 ) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """`NAME.parquet/` and `NAME.csv` under `out_dir`, rows sorted by `sort`.
 
-    The (small, aggregated) table is computed once with full parallelism and cached
-    (unless the caller cached it: then that cache is used and left in place); both files
-    are then written from one sorted partition, which needs no range partitioning pass.
-    Returns ({"NAME.parquet": path, "NAME.csv": path}, rows), where
-    rows (as dicts) are collected to the driver only when `collect` is true.
+    Returns ({"NAME.parquet": path, "NAME.csv": path}, rows). With `collect`, the table
+    is brought to the driver (one Spark job), which writes both files from its rows, and
+    the rows are returned as dicts, timestamps as epoch seconds (independent of the
+    driver's time zone). Without, Spark writes the files and rows is empty.
     """
+    if collect:
+        return _write_collected(df, out_dir, name, sort)
+    return _write_with_spark(df, out_dir, name, sort), []
+
+
+def _write_with_spark(df: DataFrame, out_dir: str, name: str, sort: list[str]) -> dict[str, str]:
+    """The (small, aggregated) table is computed once with full parallelism and cached
+    (unless the caller cached it: then that cache is used and left in place); both files
+    are then written from one sorted partition, which needs no range partitioning pass."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     owned = not df.is_cached  # a caller's cache is used as it is, and kept
     cached = df.persist(StorageLevel.MEMORY_AND_DISK) if owned else df
@@ -170,21 +202,70 @@ def write_table(
         parquet = join(out_dir, f"{name}.parquet")
         single.write.mode("overwrite").parquet(parquet)
         header = (",".join(df.columns) + "\n").encode()
-        csv = write_single(single, join(out_dir, f"{name}.csv"), "csv", CSV_OPTIONS, empty=header)
-        rows = []
-        if collect:  # timestamps as epoch seconds: independent of the driver's time zone
-            plain = single.select(
-                *[
-                    F.col(f.name).cast("long") if f.dataType.typeName() == "timestamp" else f.name
-                    for f in single.schema.fields
-                ]
-            )
-            rows = [row.asDict() for row in plain.collect()]
+        csv_path = write_single(
+            single, join(out_dir, f"{name}.csv"), "csv", CSV_OPTIONS, empty=header
+        )
     finally:
         if owned:
             cached.unpersist()
-    paths = {
+    return {
         f"{name}.parquet": arg_path(parquet) if is_local(parquet) else parquet,
-        f"{name}.csv": csv,
+        f"{name}.csv": csv_path,
     }
-    return paths, rows
+
+
+def _write_collected(
+    df: DataFrame, out_dir: str, name: str, sort: list[str]
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    spark = df.sparkSession
+    table = df.toArrow()  # timestamps come as UTC instants, whatever the session's zone
+    rows = table.to_pylist()
+    # Spark's order: nulls first, strings by their UTF-8 bytes (= by code point)
+    order = sorted(
+        range(len(rows)),
+        key=lambda i: tuple((rows[i][c] is not None, rows[i][c]) for c in sort),
+    )
+    table = table.take(pa.array(order, pa.int64()))
+    rows = [rows[i] for i in order]
+
+    parquet = join(out_dir, f"{name}.parquet")
+    replace_dir(spark, parquet)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer, compression="snappy")
+    write_bytes(spark, join(parquet, "part-00000.snappy.parquet"), buffer.getvalue().to_pybytes())
+    write_bytes(spark, join(parquet, "_SUCCESS"), b"")
+    csv_path = write_bytes(spark, join(out_dir, f"{name}.csv"), csv_bytes(table.column_names, rows))
+    plain = [{k: _epoch(v) for k, v in row.items()} for row in rows]
+    return {
+        f"{name}.parquet": arg_path(parquet) if is_local(parquet) else parquet,
+        f"{name}.csv": csv_path,
+    }, plain
+
+
+def csv_bytes(columns: list[str], rows: list[dict[str, Any]]) -> bytes:
+    """Rows as CSV the way CSV_OPTIONS has Spark write them: a header, null as an empty
+    field, timestamps as `2025-01-10T16:00:00Z`, booleans as `true`/`false`, NaN and
+    infinities as `NaN`, `Inf`, `-Inf`. Unlike Spark, an empty string is an empty field
+    too (Python's csv module quotes no empty field)."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([_csv_field(row[c]) for c in columns] for row in rows)
+    return text.getvalue().encode()
+
+
+def _csv_field(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.strftime(CSV_TIMESTAMP)  # a UTC instant (toArrow)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):  # Spark's nanValue, ...Inf
+        return "NaN" if math.isnan(value) else ("Inf" if value > 0 else "-Inf")
+    return value  # None is written as an empty field
+
+
+def _epoch(value: Any) -> Any:
+    return int(value.timestamp()) if isinstance(value, datetime) else value

@@ -497,6 +497,57 @@ def test_write_table_keeps_a_callers_cache_and_drops_its_own(spark: Any, tmp_pat
     assert (tmp_path / "own.csv").read_text().splitlines() == ["k,count", "1,10", "2,10"]
 
 
+def test_a_collected_table_is_written_as_spark_writes_one(spark: Any, tmp_path: Path) -> None:
+    """A table the job collects is written from the driver: its CSV is byte for byte
+    Spark's (RFC 4180 quoting, UTC times, nulls empty, same order: nulls first, strings
+    by code point), its Parquet reads back the same, with UTC timestamps, and an earlier
+    table of that name is replaced whole."""
+    import csv
+
+    from spark_plugins.output import write_table
+
+    df = spark.createDataFrame(
+        [
+            (7200, "z", 0.5, True),
+            (3600, 'app "b", west', 1.0, False),
+            (3600, None, 0.25, None),
+            (3600, "\u00e9t\u00e9", 2.0, True),
+            (3600, "Zulu", 1.5, False),
+        ],
+        "at LONG, app STRING, rate DOUBLE, flag BOOLEAN",
+    ).selectExpr("timestamp_seconds(at) AS hour", "app", "rate", "flag")
+    stale = tmp_path / "driver" / "t.parquet"
+    stale.mkdir(parents=True)
+    (stale / "part-old.parquet").write_bytes(b"not this")
+
+    paths, rows = write_table(df, str(tmp_path / "driver"), "t", ["hour", "app"], collect=True)
+    spark_paths, none = write_table(df, str(tmp_path / "spark"), "t", ["hour", "app"])
+
+    assert none == []
+    assert [(r["hour"], r["app"]) for r in rows] == [
+        (3600, None),
+        (3600, "Zulu"),
+        (3600, 'app "b", west'),
+        (3600, "\u00e9t\u00e9"),
+        (7200, "z"),
+    ]
+    driver_csv = Path(paths["t.csv"]).read_text()
+    assert driver_csv == Path(spark_paths["t.csv"]).read_text()
+    assert driver_csv.splitlines()[:3] == [
+        "hour,app,rate,flag",
+        "1970-01-01T01:00:00Z,,0.25,",
+        "1970-01-01T01:00:00Z,Zulu,1.5,false",
+    ]
+    assert list(csv.reader(driver_csv.splitlines()))[3][1] == 'app "b", west'
+    assert sorted(p.name for p in Path(paths["t.parquet"]).iterdir()) == [
+        "_SUCCESS",
+        "part-00000.snappy.parquet",
+    ]
+    for path in (paths["t.parquet"], spark_paths["t.parquet"]):
+        assert str(pq.read_table(path).schema.field("hour").type) == "timestamp[us, tz=UTC]"
+    assert spark.read.parquet(paths["t.parquet"]).collect() == df.orderBy("hour", "app").collect()
+
+
 def test_sql_conf_puts_back_what_was_there_even_after_an_error(spark: Any) -> None:
     from spark_plugins.session import sql_conf
 
