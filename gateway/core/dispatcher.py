@@ -36,7 +36,12 @@ ReceiptSink = Callable[[Push, Receipt], Awaitable[None]]
 
 
 class CircuitBreaker:
-    """Opens after `threshold` consecutive transient failures; one trial after `reset_after` s."""
+    """Opens after `threshold` consecutive transient failures; one trial after `reset_after` s.
+
+    The trial is claimed (`allow`) just before its request is made, and given back
+    (`abandon`) if that request is cancelled: a trial that never reports would keep the
+    breaker open for good, failing every push of the lane fast until a restart.
+    """
 
     def __init__(self, threshold: int, reset_after: float) -> None:
         self.threshold = threshold
@@ -45,13 +50,23 @@ class CircuitBreaker:
         self.opened_at: float | None = None
         self._trial_running = False
 
-    def allow(self, now: float) -> bool:
+    def rejects(self, now: float) -> bool:
+        """Whether a push would be refused now (open, and no trial due); claims nothing."""
         if self.opened_at is None:
-            return True
-        if now - self.opened_at >= self.reset_after and not self._trial_running:
+            return False
+        return now - self.opened_at < self.reset_after or self._trial_running
+
+    def allow(self, now: float) -> bool:
+        """Whether a request may be made now; when half-open, this one is the trial."""
+        if self.rejects(now):
+            return False
+        if self.opened_at is not None:
             self._trial_running = True  # half-open: one request decides
-            return True
-        return False
+        return True
+
+    def abandon(self) -> None:
+        """A request was cancelled before its outcome: a trial it was is open again."""
+        self._trial_running = False
 
     def record(self, outcome: Outcome, now: float) -> bool:
         """Record an attempt's outcome; returns True when the breaker state changed."""
@@ -221,7 +236,7 @@ class Dispatcher:
             now = time.monotonic()
             if now >= deadline:
                 return self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
-            if not lane.breaker.allow(now):
+            if lane.breaker.rejects(now):  # fail fast: no wait for a slot
                 return self._shed(push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts)
             if lane.gate_until > now:
                 if lane.gate_until >= deadline:
@@ -232,11 +247,19 @@ class Dispatcher:
             if not await lane.slots.acquire(deadline):
                 return self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
             started = time.monotonic()
+            # Claimed here, with no await before the request: a push shed or stopped on
+            # its way to a slot leaves the trial to the next one.
+            if not lane.breaker.allow(started):  # another push took the trial meanwhile
+                lane.slots.release()
+                return self._shed(push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts)
             crashed = False
             # A request counts from its start (cancelled, it was still made), with no status.
             progress.attempts, progress.status = attempts + 1, None
             try:
                 attempt = await client.send(push)
+            except asyncio.CancelledError:
+                lane.breaker.abandon()
+                raise
             except Exception as exc:  # a client bug: still a receipt, never retried
                 attempt = self._client_failed(lane, "send", exc)
                 crashed = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from gateway.app import create_app, load_gateway, running_core
 from gateway.config import ApnsAppConfig, DeliveryConfig, FcmAppConfig
 from gateway.context import TokenHasher
 from gateway.core.apns import ApnsClient
-from gateway.core.dispatcher import Dispatcher, backoff_delay
+from gateway.core.dispatcher import CircuitBreaker, Dispatcher, backoff_delay
 from gateway.core.fcm import FcmClient
 from gateway.core.metrics import Metrics
 from gateway.core.push import (
@@ -336,6 +337,62 @@ async def test_circuit_breaker_fails_fast_then_recovers(rig_factory: Callable[..
     trial = await rig.dispatcher.send(rig.push("ios", token(411), max_retries=0))
     assert trial.ok
     assert (await rig.dispatcher.send(rig.push("ios", token(412)))).ok
+
+
+def test_the_breaker_claims_its_trial_only_when_asked_and_takes_it_back() -> None:
+    breaker = CircuitBreaker(threshold=2, reset_after=30.0)
+    assert breaker.allow(0.0) and not breaker.rejects(0.0)  # closed: nothing to claim
+    breaker.record(Outcome.TRANSIENT, 1.0)
+    assert breaker.record(Outcome.TRANSIENT, 2.0)  # opened
+    assert breaker.rejects(31.9) and not breaker.allow(31.9)
+    assert not breaker.rejects(32.0) and not breaker.rejects(32.0)  # asking claims nothing
+    assert breaker.allow(32.0)  # the trial...
+    assert breaker.rejects(33.0) and not breaker.allow(33.0)  # ...is the only request
+    breaker.abandon()  # its request was cancelled
+    assert breaker.allow(34.0)  # the next push is the trial
+    assert breaker.record(Outcome.OK, 35.0) and breaker.allow(35.0)  # closed again
+
+
+async def test_a_trial_push_that_makes_no_request_leaves_the_trial_to_the_next() -> None:
+    """A half-open lane's trial push that waits for a slot until its deadline, or whose
+    request is cancelled, never reports: the next push is the trial, not refused forever."""
+
+    async def answer(push: Push) -> Attempt:
+        if push.token in ("holder", "cancelled"):
+            await asyncio.Event().wait()  # never answered
+        return Attempt(Outcome.OK, 200)
+
+    client = ScriptedClient("android", answer)
+    client.max_in_flight = 1
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(
+        client, receipts, circuit_breaker={"failure_threshold": 1, "reset_after": 30.0}
+    )
+    lane = dispatcher._lanes[("p", "android")]
+    holder = asyncio.create_task(dispatcher.send(Push("p", "android", "holder", {})))
+    await client.called.wait()  # the holder's request is out: it holds the one slot
+    lane.breaker.record(Outcome.TRANSIENT, time.monotonic() - 30.0)  # opened 30 s ago: due
+
+    short = PushPolicy(deadline=0.2)
+    waiting = await dispatcher.send(Push("p", "android", "waiting", {}, policy=short))
+    assert (waiting.reason, waiting.attempts) == (Reason.DEADLINE_EXCEEDED, 0)
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+
+    client.called.clear()
+    cancelled = asyncio.create_task(dispatcher.send(Push("p", "android", "cancelled", {})))
+    await client.called.wait()  # the trial's request is out...
+    assert lane.breaker.rejects(time.monotonic())  # ...and the only one
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+
+    trial = await dispatcher.send(Push("p", "android", "trial", {}))
+    assert (trial.outcome, trial.attempts) == (Outcome.OK, 1)
+    assert client.sent == ["holder", "cancelled", "trial"]
+    assert not lane.breaker.rejects(time.monotonic())  # the trial closed it
+    await dispatcher.close()
 
 
 async def test_mass_invalidation_guard_holds_invalidations(rig_factory: Callable[..., Any]) -> None:
