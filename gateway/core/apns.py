@@ -246,6 +246,17 @@ class _StreamSlots(ChannelPool):
         if self._value > 0:
             self._wake_up_next()
 
+    def destroy(self, exc: Exception) -> None:
+        """Fail the sends waiting for a stream (the connection was lost) with `exc`.
+
+        aioapns pops the waiters off the queue first, and `Semaphore.acquire` then fails
+        removing its own: the send raised ValueError instead of `exc`, which the
+        dispatcher ends `client_error` and never retries. Each waiter removes itself.
+        """
+        for waiter in self._waiters or ():
+            if not waiter.done():
+                waiter.set_exception(exc)
+
 
 class _ApnsProtocol(APNsTLSClientProtocol):
     """aioapns protocol with our host/port, long idle time and request path (module doc)."""

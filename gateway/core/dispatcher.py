@@ -350,20 +350,7 @@ class Dispatcher:
     async def _token_invalid(
         self, push: Push, lane: Lane, attempt: Attempt, attempts: int
     ) -> Receipt:
-        was_tripped = lane.guard.tripped
-        lane.guard.record(True)
-        tripped = lane.guard.tripped
-        if tripped != was_tripped:
-            self.metrics.invalidation_suspended.labels(lane.app_id).set(tripped)
-            if tripped:
-                log.warning(
-                    "token invalidation suspended for app %s: most tokens came back invalid "
-                    "(wrong environment or project?)",
-                    lane.app_id,
-                )
-            else:
-                log.warning("token invalidation resumed for app %s", lane.app_id)
-        if tripped:
+        if self._count_in_guard(lane, invalid=True):
             held = Attempt(
                 Outcome.PERMANENT,
                 attempt.status,
@@ -386,6 +373,29 @@ class Dispatcher:
         await self.invalidation.report(invalid, persist=push.policy.persist_token_hash)
         return receipt
 
+    def _count_in_guard(self, lane: Lane, *, invalid: bool) -> bool:
+        """Count one answered push in the lane's mass-invalidation guard; True while it holds.
+
+        The gauge and the log follow every change, whichever push made it: the valid
+        answers `_final` counts release the guard too, and a gauge set only on
+        token-invalid answers stayed at 1 after invalidation had resumed.
+        """
+        guard = lane.guard
+        was_tripped = guard.tripped
+        guard.record(invalid)
+        tripped = guard.tripped
+        if tripped != was_tripped:
+            self.metrics.invalidation_suspended.labels(lane.app_id).set(tripped)
+            if tripped:
+                log.warning(
+                    "token invalidation suspended for app %s: most tokens came back invalid "
+                    "(wrong environment or project?)",
+                    lane.app_id,
+                )
+            else:
+                log.warning("token invalidation resumed for app %s", lane.app_id)
+        return tripped
+
     async def _shed(
         self, push: Push, lane: Lane, reason: str, outcome: Outcome, attempts: int
     ) -> Receipt:
@@ -402,7 +412,7 @@ class Dispatcher:
     ) -> Receipt:
         provider = lane.client.kind if lane else None
         if lane is not None and record_guard and attempts:
-            lane.guard.record(False)
+            self._count_in_guard(lane, invalid=False)
         receipt = Receipt(
             push_id=push.id,
             plugin=push.plugin,

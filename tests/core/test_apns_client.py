@@ -551,6 +551,34 @@ async def test_stream_slots_follow_the_peer_limit_both_ways() -> None:
     assert all(w.done() for w in waiters)
 
 
+async def test_a_send_waiting_for_a_stream_ends_transient_when_the_connection_drops(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    """A send queued for a stream of a connection that is lost ends `connection_error`
+    (retried by the dispatcher), not with a ValueError from the stream semaphore (which
+    the dispatcher ends `client_error`, never retried)."""
+    sim.set_max_concurrent_streams(1)
+    client = await make_client(max_connections=1, request_timeout=5.0)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert client._pool is not None
+    (protocol,) = client._pool.connections
+    holder_token = token()
+    sim.script(holder_token, ApnsResponse.ok(delay=10.0))  # holds the one stream
+    holder = asyncio.create_task(send(client, push_for(holder_token), secrets_seen))
+    await sim.wait_for_requests(2)
+    queued = asyncio.create_task(send(client, push_for(token()), secrets_seen))
+
+    async def queued_for_the_stream() -> None:
+        while not protocol.free_channels._waiters:
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(queued_for_the_stream(), 5)
+    sim.goaway_all()
+    for attempt in await asyncio.wait_for(asyncio.gather(holder, queued), 5):
+        assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.CONNECTION_ERROR)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+
+
 async def test_concurrency_grows_after_settings(
     sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
 ) -> None:

@@ -405,6 +405,38 @@ async def test_mass_invalidation_guard_holds_invalidations(rig_factory: Callable
     assert len(rig.invalid) + len(held) == 20
 
 
+async def test_the_suspended_gauge_clears_when_valid_answers_release_the_guard(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The guard is released by valid answers as much as by invalid ones: the gauge (and
+    the log) must follow, not stay at 1 while invalidations go through again."""
+    dead = Attempt(Outcome.TOKEN_INVALID, 410, "Unregistered")
+    client = ScriptedClient(
+        "android", lambda push: dead if push.token.startswith("dead") else Attempt(Outcome.OK, 200)
+    )
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts, invalidation_guard_min=10)
+    lane = dispatcher._lanes[("p", "android")]
+
+    def suspended() -> float | None:
+        return dispatcher.metrics.registry.get_sample_value(
+            "pushgw_token_invalidation_suspended", {"app": "android"}
+        )
+
+    for n in range(10):
+        await dispatcher.send(Push("p", "android", f"dead{n}", {}))
+    assert lane.guard.tripped and suspended() == 1
+    for n in range(20):  # 10 invalid of 30: no longer most of them
+        assert (await dispatcher.send(Push("p", "android", f"ok{n}", {}))).ok
+    assert not lane.guard.tripped
+    assert suspended() == 0
+    assert "token invalidation resumed for app android" in caplog.text
+    receipt = await dispatcher.send(Push("p", "android", "dead-again", {}))
+    assert receipt.reason == "Unregistered"  # invalidated again, as the gauge says
+    assert suspended() == 0
+    await dispatcher.close()
+
+
 async def test_drain_finishes_in_flight_and_refuses_new(rig_factory: Callable[..., Any]) -> None:
     rig = await rig_factory()
     rig.apns.script(token(600), ApnsResponse.ok(delay=0.3))
