@@ -363,6 +363,11 @@ class _ApnsProtocol(APNsTLSClientProtocol):
                     waiter: asyncio.Future[None] = self.loop.create_future()
                     self._window_waiters.append(waiter)
                     await waiter
+                    if future.done() and future.exception() is not None:
+                        # Reset by the server while we waited (`_finish` woke us): the
+                        # body can no longer be sent and the reset is this send's answer.
+                        # (A complete answer without a reset still takes the body.)
+                        return await future
                 self.conn.send_data(stream_id, body, end_stream=True)
             self.flush()
             return await future
@@ -424,6 +429,8 @@ class _ApnsProtocol(APNsTLSClientProtocol):
             return
         if reset is not None:
             stream.future.set_exception(StreamResetError(f"stream reset by APNs (code {reset})"))
+            # Its sender may be waiting for window to send the body, which no longer comes.
+            self._wake_senders()
             return
         status = ""
         retry_after = None

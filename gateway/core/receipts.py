@@ -323,6 +323,7 @@ class ReceiptWriter:
         self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="receipts")
         self._task: asyncio.Task[None] | None = None
+        self._closer: asyncio.Task[None] | None = None  # the one closing, see close()
         self._on_written = on_written
         self._on_write_failed = on_write_failed
         self._on_lost = on_lost
@@ -421,9 +422,16 @@ class ReceiptWriter:
         Never hangs on a failing disk: after one last attempt, the records still
         unwritten are counted (`on_lost`) and logged, and a file that cannot be
         published stays `.jsonl.open` for the next start to publish (see `recover`).
+
+        Cancelling close() does not cut the closing short: it goes on in its own task,
+        and the next close() waits for it. (A writer cancelled mid-write would leave its
+        batch both in the file and in the buffer, and the current file unpublished.)
         """
-        if self._closed:
-            return
+        if self._closer is None:
+            self._closer = asyncio.create_task(self._close(), name="receipt-writer-close")
+        await asyncio.shield(self._closer)
+
+    async def _close(self) -> None:
         self._closing.set()
         self._wake.set()
         if self._task is not None:

@@ -428,6 +428,11 @@ class _ApnsConnection(asyncio.Protocol):
             kind = type(event)
             if kind is RequestReceived:
                 assert isinstance(event, RequestReceived)
+                if self.sim.reset_before_body and event.stream_ended is None:
+                    # Refuse the request before its body: RST_STREAM while the client
+                    # may still be waiting for flow-control window to send it.
+                    self.h2.reset_stream(event.stream_id, ErrorCodes.INTERNAL_ERROR)  # type: ignore[arg-type]
+                    continue
                 headers: list[tuple[str, str]] = event.headers  # type: ignore[assignment]
                 self.streams[event.stream_id] = _Stream(headers)  # type: ignore[index]
             elif kind is DataReceived:
@@ -569,6 +574,11 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
     - `record`: keep `requests` (turn off for long benchmarks; counters remain).
     - `initial_window_size`: our stream and connection receive windows (DATA is
       acknowledged as it arrives, so this only bounds bursts).
+
+    Set `reset_before_body = True` to reset (RST_STREAM INTERNAL_ERROR) every new
+    stream as soon as its HEADERS arrive without END_STREAM, before any of its body:
+    with a small `initial_window_size`, the client is then still waiting for window
+    to send that body. Such requests are not recorded.
     """
 
     _recording_noun = "requests"
@@ -617,6 +627,7 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         self.initial_window_size = initial_window_size
 
         self.default = ApnsResponse()
+        self.reset_before_body = False
         self.connections_opened = 0
         self._scripts: dict[str, list[ApnsResponse]] = {}
         self._script_all: list[ApnsResponse] = []

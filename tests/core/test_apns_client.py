@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import secrets
 import time
@@ -513,6 +514,31 @@ async def test_many_concurrent_sends_with_large_payloads(
         *(send(client, push_for(t, sized_payload(4096)), secrets_seen) for t in tokens)
     )
     assert [r.outcome for r in results] == [Outcome.OK] * 60
+
+
+async def test_a_stream_reset_while_its_body_waits_for_window_ends_at_once(
+    sim: ApnsSimulator,
+    make_client: MakeClient,
+    secrets_seen: set[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """RST_STREAM for a request whose sender waits for flow-control window wakes the
+    sender: the send ends like any reset stream (`connection_error`, retried), not
+    `timeout` after `request_timeout`, and the stream's error is retrieved."""
+    sim.initial_window_size = 64  # per stream, until the client sends DATA
+    client = await make_client(request_timeout=2.0, max_connections=1)
+    # the connection knows the simulator's SETTINGS (a 64-byte window) once a push is back
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    sim.reset_before_body = True
+    attempt = await send(client, push_for(token(), sized_payload(1000)), secrets_seen)
+    assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.CONNECTION_ERROR)
+    assert attempt.detail is not None and attempt.detail.startswith("StreamResetError")
+    gc.collect()  # an unretrieved future exception is reported when it is collected
+    assert "never retrieved" not in caplog.text
+    # the reset stream gave its slot back: the connection goes on
+    sim.reset_before_body = False
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert sim.connections_opened == 1
 
 
 async def test_error_bodies_do_not_exhaust_the_receive_window(

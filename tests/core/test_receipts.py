@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -543,3 +544,40 @@ async def test_an_idle_file_rolls_on_time(
     assert published.suffix == f".{file_format}"
     await writer.close()
     assert names(tmp_path) == [published.name]
+
+
+async def test_close_after_a_cancelled_close_finishes_the_job(
+    tmp_path: Path, secrets_seen: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close() cancelled (here by its caller's timeout) while a write is under way
+    leaves the closing to go on: the next close() waits for it instead of raising
+    CancelledError, and the file is published holding each record once."""
+    loop = asyncio.get_running_loop()
+    writing = asyncio.Event()  # the writer thread is inside a write
+    release = threading.Event()  # lets that write go on
+
+    def write_some(fd: int, data: memoryview) -> int:
+        loop.call_soon_threadsafe(writing.set)
+        release.wait(10)  # a bound for a failing test: the test releases it
+        return os.write(fd, data)
+
+    monkeypatch.setattr(RollingFile, "_write_some", staticmethod(write_some))
+    counts = Counts()
+    writer = counts.writer(tmp_path)
+    await writer.start()
+    items = make_receipts(2, secrets_seen)
+    for receipt in items:
+        await writer.put(receipt)
+    await writing.wait()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.1):  # cannot finish: the write is held
+            await writer.close()
+    release.set()
+    try:
+        await asyncio.wait_for(writer.close(), 10)  # a bound for a failing test
+    except asyncio.CancelledError:
+        pytest.fail("close() after a cancelled close() raised CancelledError")
+    (published,) = tmp_path.iterdir()
+    assert published.name.endswith(".jsonl")
+    assert published.read_text() == jsonl(receipt_record(r) for r in items)
+    assert counts.lost == writer.lost == 0
