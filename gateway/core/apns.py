@@ -269,6 +269,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         super().__init__(*args, **kwargs)
         self._streams: dict[int, _Stream] = {}
         self._window_waiters: list[asyncio.Future[None]] = []
+        self._lost: ConnectionClosed | None = None  # set when the connection is lost
         # aioapns assumes 1000 streams until the server's SETTINGS arrive; APNs allows one
         # on a fresh token-auth connection, and opening more is a protocol error.
         self.free_channels = _StreamSlots(1)
@@ -364,10 +365,13 @@ class _ApnsProtocol(APNsTLSClientProtocol):
                     self._window_waiters.append(waiter)
                     await waiter
                     if future.done() and future.exception() is not None:
-                        # Reset by the server while we waited (`_finish` woke us): the
-                        # body can no longer be sent and the reset is this send's answer.
+                        # Reset by the server, or the connection lost, while we waited
+                        # (`_finish`, `connection_lost` woke us): the body can no longer
+                        # be sent and that error is this send's answer, retrieved here.
                         # (A complete answer without a reset still takes the body.)
                         return await future
+                    if self._lost is not None:  # lost after a complete answer came
+                        raise self._lost
                 self.conn.send_data(stream_id, body, end_stream=True)
             self.flush()
             return await future
@@ -455,14 +459,11 @@ class _ApnsProtocol(APNsTLSClientProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         streams, self._streams = self._streams, {}
-        closed = ConnectionClosed(str(exc) if exc else "connection closed")
+        closed = self._lost = ConnectionClosed(str(exc) if exc else "connection closed")
         for stream in streams.values():
             if not stream.future.done():
                 stream.future.set_exception(closed)
-        for waiter in self._window_waiters:
-            if not waiter.done():
-                waiter.set_exception(closed)
-        self._window_waiters = []
+        self._wake_senders()  # each finds its stream's answer is `closed`, and raises it
         super().connection_lost(exc)
 
 

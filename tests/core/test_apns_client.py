@@ -605,6 +605,36 @@ async def test_a_send_waiting_for_a_stream_ends_transient_when_the_connection_dr
     assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
 
 
+async def test_a_lost_connection_ends_a_body_waiting_for_window_with_its_error_retrieved(
+    sim: ApnsSimulator,
+    make_client: MakeClient,
+    secrets_seen: set[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A connection lost while a request's body waits for flow-control window ends that
+    send `connection_error`, and the stream's own error is retrieved (no "exception was
+    never retrieved" warning when it is collected)."""
+    sim.initial_window_size = 64  # per stream: a larger body waits for window
+    client = await make_client(request_timeout=5.0, max_connections=1)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert client._pool is not None
+    (protocol,) = client._pool.connections
+    waiting = asyncio.create_task(
+        send(client, push_for(token(), sized_payload(1000)), secrets_seen)
+    )
+
+    async def body_waits_for_window() -> None:
+        while not protocol._window_waiters:
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(body_waits_for_window(), 5)
+    sim.goaway_all()
+    attempt = await asyncio.wait_for(waiting, 5)
+    assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.CONNECTION_ERROR)
+    gc.collect()  # an unretrieved future exception is reported when it is collected
+    assert "never retrieved" not in caplog.text
+
+
 async def test_concurrency_grows_after_settings(
     sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
 ) -> None:
