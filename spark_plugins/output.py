@@ -169,7 +169,7 @@ def write_single(
             crc = os.path.join(os.path.dirname(arg_path(path)), f".{os.path.basename(path)}.crc")
             if os.path.exists(crc):
                 os.remove(crc)
-        return arg_path(path) if is_local(path) else path
+        return _shown(path)
     fs.delete(jtmp, True)
     return write_bytes(spark, path, empty)
 
@@ -208,10 +208,16 @@ def _write_with_spark(df: DataFrame, out_dir: str, name: str, sort: list[str]) -
     finally:
         if owned:
             cached.unpersist()
-    return {
-        f"{name}.parquet": arg_path(parquet) if is_local(parquet) else parquet,
-        f"{name}.csv": csv_path,
-    }
+    return _table_paths(name, parquet, csv_path)
+
+
+def _table_paths(name: str, parquet: str, csv_path: str) -> dict[str, str]:
+    return {f"{name}.parquet": _shown(parquet), f"{name}.csv": csv_path}
+
+
+def _shown(path: str) -> str:
+    """A written path as reported: a local path without its `file:` scheme."""
+    return arg_path(path) if is_local(path) else path
 
 
 def _write_collected(
@@ -237,15 +243,14 @@ def _write_collected(
     pq.write_table(table, buffer, compression="snappy")
     write_bytes(spark, join(parquet, "part-00000.snappy.parquet"), buffer.getvalue().to_pybytes())
     write_bytes(spark, join(parquet, "_SUCCESS"), b"")
-    csv_path = write_bytes(spark, join(out_dir, f"{name}.csv"), csv_bytes(table.column_names, rows))
+    csv_path = write_bytes(
+        spark, join(out_dir, f"{name}.csv"), _csv_bytes(table.column_names, rows)
+    )
     plain = [{k: _epoch(v) for k, v in row.items()} for row in rows]
-    return {
-        f"{name}.parquet": arg_path(parquet) if is_local(parquet) else parquet,
-        f"{name}.csv": csv_path,
-    }, plain
+    return _table_paths(name, parquet, csv_path), plain
 
 
-def csv_bytes(columns: list[str], rows: list[dict[str, Any]]) -> bytes:
+def _csv_bytes(columns: list[str], rows: list[dict[str, Any]]) -> bytes:
     """Rows as CSV the way CSV_OPTIONS has Spark write them: a header, null as an empty
     field, timestamps as `2025-01-10T16:00:00Z`, booleans as `true`/`false`, NaN and
     infinities as `NaN`, `Inf`, `-Inf`. Unlike Spark, an empty string is an empty field
