@@ -12,7 +12,9 @@ import pytest
 
 from spark_plugins.testing import standalone_cluster
 
-# $1 is the daemon class; the worker's last argument is the master URL.
+# $1 is the daemon class; the worker's last argument is the master URL. The worker's
+# executor line comes before its readiness line: the log is read line by line, so it is
+# counted before the cluster is yielded (after it, the count would race the test).
 FAKE_SPARK_CLASS = """#!/bin/sh
 echo "$@" >> "$SPARK_HOME/calls"
 echo $$ >> "$SPARK_HOME/pids"
@@ -20,8 +22,8 @@ case "$1" in
   *Master) echo "INFO Master: Starting Spark master at spark://127.0.0.1:7099" ;;
   *Worker)
     if [ -n "$FAIL_WORKER" ]; then echo "ERROR Worker: cannot bind port" >&2; exit 1; fi
-    echo "INFO Worker: Successfully registered with master spark://127.0.0.1:7099"
-    echo "INFO Worker: Asked to launch executor app-1/0 for fake" ;;
+    echo "INFO Worker: Asked to launch executor app-1/0 for fake"
+    echo "INFO Worker: Successfully registered with master spark://127.0.0.1:7099" ;;
 esac
 exec sleep 600
 """
