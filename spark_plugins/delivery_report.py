@@ -337,9 +337,9 @@ def _write_tables(
 ) -> dict[str, Future[tuple[dict[str, str], list[dict[str, Any]]]]]:
     """Start writing the three tables at once; hourly and summary rows are collected.
 
-    Each table is a few Spark jobs (merge, Parquet, CSV, collect), most of them small:
-    one after another they left cores idle between jobs, side by side they overlap
-    (1M receipts on 2 cores: median report 8.8 -> 8.0 s, docs/spark.md).
+    Hourly and summary are one Spark job each (merge and collect; the driver writes
+    their files), reasons a few (Parquet, CSV), all small: one after another they left
+    cores idle between jobs, side by side they overlap (docs/spark.md).
     """
     from pyspark import inheritable_thread_target
 
