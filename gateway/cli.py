@@ -332,6 +332,35 @@ def _skip_counts(skipped: Counter[tuple[str, str]], duplicates: int) -> str:
     return f"; skipped {shown}" if shown else ""
 
 
+def cmd_receipts_cat(args: argparse.Namespace, context: CommandContext) -> int:
+    """Print receipts as JSON Lines, whatever their files' format (docs/cli.md).
+
+    Every named path is checked before anything is printed; a file that cannot be read
+    is named on stderr, the others are still printed, and the status is 1.
+    """
+    from gateway.receipt_files import ReceiptFileError, copy_receipts, published_files
+
+    paths = [Path(p) for p in args.paths] or [context.load().settings.receipts.directory]
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"{path}: no such file or directory")
+    problems: list[ReceiptFileError] = []
+    files: list[Path] = []
+    for path in paths:
+        files += published_files(path, problems.append) if path.is_dir() else [path]
+    for problem in problems:
+        print(f"pushgw: {problem}", file=sys.stderr)
+    out = sys.stdout.buffer
+    for file in files:
+        try:
+            copy_receipts(file, out)
+        except ReceiptFileError as exc:
+            out.flush()  # what was printed before comes first
+            print(f"pushgw: {exc}", file=sys.stderr)
+            problems.append(exc)
+    return EXIT_FAILED if problems else 0
+
+
 def cmd_simulate(args: argparse.Namespace, _ctx: Any) -> int:
     from gateway.testing.standalone import run_simulators
 
@@ -442,6 +471,21 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
     )
     retire.add_argument("file")
     retire.set_defaults(handler=cmd_tokens_retire)
+
+    receipts = sub.add_parser("receipts", help="delivery receipts files")
+    receipts_sub = receipts.add_subparsers(
+        dest="receipts_command", metavar="COMMAND", required=True
+    )
+    cat = receipts_sub.add_parser(
+        "cat", parents=[common], help="print receipts as JSON Lines, from either file format"
+    )
+    cat.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="receipts directories or files (default: the config's receipts.directory)",
+    )
+    cat.set_defaults(handler=cmd_receipts_cat)
 
     sim = sub.add_parser("simulate", help="run the APNs and FCM simulators standalone")
     sim.add_argument("--host", default="127.0.0.1")

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.app import create_app, load_gateway
 from gateway.context import TokenHasher
 from gateway.loops import YOUNG_GENERATION_THRESHOLD
+from gateway.receipt_files import published_files, read_records
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
 from gateway.testing.harness import GatewayHarness, apns_app_config, base_config
 
@@ -93,14 +94,16 @@ async def test_shutdown_drains_in_flight_pushes_and_flushes_receipts(
         response = await pending
         assert (await response.json())["outcome"] == "ok"
         await client.close()
-    files = sorted((tmp_path / "receipts").glob("*.jsonl"))
-    assert files and not list((tmp_path / "receipts").glob("*.open"))
-    records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    files = published_files(tmp_path / "receipts")
+    assert [f.suffix for f in files] == [".parquet"]  # the default format
+    assert not list((tmp_path / "receipts").glob("*.open"))
+    records = read_records(tmp_path / "receipts")
     assert len(records) == 1
     record = records[0]
     assert record["status"] == "ok" and record["plugin"] == "sample" and record["app_id"] == "ios"
     assert record["token_hash"] == TokenHasher(b"test-receipts-key")(TOKEN)
-    assert TOKEN not in files[0].read_text()
+    assert TOKEN not in json.dumps(records)  # Parquet compresses: the values, then the bytes
+    assert TOKEN.encode() not in files[0].read_bytes()
     assert set(record) == {
         "v",
         "ts",

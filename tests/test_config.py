@@ -146,9 +146,9 @@ def test_apns_app_needs_one_auth_method(sample_plugin_installed: str) -> None:
         load_gateway(data=data)
 
 
-def test_receipts_format_defaults_to_jsonl_and_accepts_parquet() -> None:
-    assert load_settings(data={}).receipts.format == "jsonl"
-    assert load_settings(data={"receipts": {"format": "parquet"}}).receipts.format == "parquet"
+def test_receipts_format_defaults_to_parquet_and_accepts_jsonl() -> None:
+    assert load_settings(data={}).receipts.format == "parquet"
+    assert load_settings(data={"receipts": {"format": "jsonl"}}).receipts.format == "jsonl"
 
 
 def test_parquet_receipts_without_pyarrow_fail_at_start(
@@ -160,8 +160,10 @@ def test_parquet_receipts_without_pyarrow_fail_at_start(
         load_settings(path)
     assert str(err.value) == (
         f"{path}: receipts.format: parquet needs pyarrow, which is not installed: "
-        "install pushgw[parquet]"
+        "install pyarrow, or set receipts.format: jsonl"
     )
+    # the default is no request: the writer keeps JSON Lines, with a warning
+    assert load_settings(data={}).receipts.format == "parquet"
     monkeypatch.setenv("PUSHGW__RECEIPTS__FORMAT", "jsonl")
     assert load_settings(path).receipts.format == "jsonl"
 

@@ -46,6 +46,11 @@ _PROCESS_STARTED = time.time()
 _encode_record = json.JSONEncoder(separators=(",", ":")).encode
 
 
+def record_line(record: dict[str, Any]) -> str:
+    """One record as the writer writes it: compact JSON, ASCII only, ending in a newline."""
+    return _encode_record(record) + "\n"
+
+
 def receipt_record(receipt: Receipt) -> dict[str, Any]:
     """The documented JSON object for one receipt (schema version 1)."""
     return {
@@ -402,8 +407,7 @@ class ReceiptWriter:
         written, error = 0, None
         try:
             if batch:
-                encode = _encode_record
-                self._file.write([encode(r) + "\n" for r in batch])
+                self._file.write([record_line(r) for r in batch])
                 written = len(batch)
             self._file.roll_if_due()
         except WriteFailed as exc:

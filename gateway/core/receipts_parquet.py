@@ -1,13 +1,16 @@
-"""Converting a finished JSON Lines receipts file into Parquet (`receipts.format: parquet`).
+"""Receipts as Parquet (`receipts.format: parquet`, the default): converting a finished
+JSON Lines file, and reading one back (`pushgw receipts cat`).
 
-Needs pyarrow (the `pushgw[parquet]` extra); `gateway.core.receipts` imports this module
-only when the format is Parquet, so JSON Lines operators do not need pyarrow.
+Needs pyarrow, a base dependency; `gateway.core.receipts` imports this module only when
+the format is Parquet, and reports a missing pyarrow there (files then stay JSON Lines).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.json as pa_json
@@ -47,6 +50,22 @@ def convert(source: Path, target: Path) -> int:
         table = _read_json(pa.BufferReader(data)) if data else SCHEMA.empty_table()
     pq.write_table(table.cast(SCHEMA), target, compression="snappy")
     return skipped
+
+
+def records(path: Path) -> Iterator[dict[str, Any]]:
+    """The receipts of a Parquet receipts file, one documented record each: the schema's
+    fields in its order and with its types, so each encodes as the writer's JSON line.
+
+    Raises ValueError for a Parquet file without a receipt column, and pyarrow's errors
+    for one that is not Parquet or holds a column of another type.
+    """
+    parquet = pq.ParquetFile(path)
+    present = set(parquet.schema_arrow.names)
+    missing = [name for name in SCHEMA.names if name not in present]
+    if missing:
+        raise ValueError(f"not a receipts file: no column {missing[0]!r}")
+    for batch in parquet.iter_batches(columns=SCHEMA.names):
+        yield from pa.Table.from_batches([batch]).cast(SCHEMA).to_pylist()
 
 
 def _read_json(source: str | pa.NativeFile) -> pa.Table:

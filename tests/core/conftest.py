@@ -1,11 +1,16 @@
-"""Shared by the provider-client tests: no secret a test saw may reach the logs."""
+"""Shared by the core tests: no secret a test saw may reach the logs; receipts writing."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
+
+from gateway.core.push import Receipt
+from gateway.core.receipts import ReceiptsFormat, ReceiptWriter
 
 
 @pytest.fixture
@@ -29,3 +34,27 @@ def nested(depth: int) -> dict[str, object]:
     for _ in range(depth):
         value = {"x": value}
     return value
+
+
+async def write_groups(
+    directory: Path,
+    groups: Sequence[Sequence[Receipt]],
+    *,
+    file_format: ReceiptsFormat,
+    roll_bytes: int = 64 * 1024 * 1024,
+) -> None:
+    """Write each group as one batch (the writer thread reports it), then close."""
+    loop = asyncio.get_running_loop()
+    written: asyncio.Queue[int] = asyncio.Queue()
+    writer = ReceiptWriter(
+        directory,
+        roll_bytes=roll_bytes,
+        file_format=file_format,
+        on_written=lambda n: loop.call_soon_threadsafe(written.put_nowait, n),
+    )
+    await writer.start()
+    for group in groups:
+        for receipt in group:
+            await writer.put(receipt)
+        assert await written.get() == len(group)
+    await writer.close()

@@ -5,7 +5,6 @@ and sends cancelled at shutdown."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +34,7 @@ from gateway.core.push import (
     Receipt,
 )
 from gateway.core.tokens import TokenInvalidation
+from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
 from gateway.testing.fcm_sim import FcmResponse, FcmSimulator
 from gateway.testing.harness import apns_app_config, base_config, fcm_app_config
@@ -701,8 +701,8 @@ async def test_shutdown_writes_the_receipts_of_pushes_waiting_to_retry(
             Reason.SHUTTING_DOWN,
         )
         (published,) = (tmp_path / "receipts").iterdir()
-        assert published.suffix == ".jsonl"
-        (record,) = [json.loads(line) for line in published.read_text().splitlines()]
+        assert published.suffix == ".parquet"  # the default format
+        (record,) = read_records(published)
         assert (record["status"], record["reason"], record["http_status"], record["attempts"]) == (
             "transient",
             "shutting_down",
@@ -844,8 +844,7 @@ async def test_server_shutdown_cancelling_a_push_request_still_writes_its_receip
             await asyncio.gather(request, return_exceptions=True)
     receipts = tmp_path / "receipts"
     assert not list(receipts.glob("*.open"))
-    lines = [line for f in receipts.glob("*.jsonl") for line in f.read_text().splitlines()]
-    records = [json.loads(line) for line in lines]
+    records = read_records(receipts)
     assert [(r["status"], r["reason"], r["http_status"], r["attempts"]) for r in records] == [
         ("transient", "shutting_down", None, 1)
     ]

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,10 @@ from gateway.core import receipts as receipts_module
 from gateway.core import receipts_parquet
 from gateway.core.push import Outcome, Receipt
 from gateway.core.receipts import ReceiptsFormat, ReceiptWriter, RollingFile, receipt_record
+from gateway.receipt_files import read_records
 from gateway.testing.harness import base_config
 from spark_plugins import synthetic
+from tests.core.conftest import write_groups
 
 CUT_LINE = '{"v":1,"ts":1735689600.5,"push_id":"6f1c'  # a write cut short by a crash
 
@@ -59,30 +61,6 @@ def make_receipts(n: int, secrets_seen: set[str], seed: int = 7) -> list[Receipt
         if item.token_hash:
             secrets_seen.add(item.token_hash)
     return items
-
-
-async def write_groups(
-    directory: Path,
-    groups: Sequence[Sequence[Receipt]],
-    *,
-    file_format: ReceiptsFormat,
-    roll_bytes: int = 64 * 1024 * 1024,
-) -> None:
-    """Write each group as one batch (the writer thread reports it), then close."""
-    loop = asyncio.get_running_loop()
-    written: asyncio.Queue[int] = asyncio.Queue()
-    writer = ReceiptWriter(
-        directory,
-        roll_bytes=roll_bytes,
-        file_format=file_format,
-        on_written=lambda n: loop.call_soon_threadsafe(written.put_nowait, n),
-    )
-    await writer.start()
-    for group in groups:
-        for receipt in group:
-            await writer.put(receipt)
-        assert await written.get() == len(group)
-    await writer.close()
 
 
 def names(directory: Path) -> list[str]:
@@ -514,7 +492,7 @@ async def test_the_gateway_counts_failed_receipt_writes(
     assert "pushgw_receipts_lost_total 0.0" in text
     assert "pushgw_receipts_written_total 3.0" in text
     (published,) = (tmp_path / "receipts").iterdir()
-    assert published.read_text() == jsonl(receipt_record(r) for r in items)
+    assert read_records(published) == [receipt_record(r) for r in items]
 
 
 @pytest.mark.parametrize("file_format", ["jsonl", "parquet"])

@@ -1,0 +1,149 @@
+"""Reading published receipts files back as JSON Lines (`pushgw receipts cat`).
+
+The Parquet format keeps receipts out of reach of text tools; this gives them back as
+the writer wrote them, so `jq` and `grep` work on either format. A directory is read as
+the Spark jobs read it: its `*.jsonl` and `*.parquet` files, recursively, never the
+`.jsonl.open` and `.parquet.tmp` files still being written, nor hidden (`.`) or
+underscore-prefixed entries, which Spark also leaves out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from gateway.core.receipts import record_line
+
+PUBLISHED_SUFFIXES = (".jsonl", ".parquet")
+_CHUNK = 1 << 20
+_PARQUET_MAGIC = b"PAR1"  # the first (and last) bytes of every Parquet file
+
+
+class ReceiptFileError(Exception):
+    """A receipts file that cannot be read; the message names the file and what is wrong."""
+
+
+def published_files(
+    directory: Path, on_error: Callable[[ReceiptFileError], None] | None = None
+) -> list[Path]:
+    """The published receipts files under `directory`, in file-name order.
+
+    A file's name starts with the UTC time it was opened (docs/receipts.md), so this is
+    the order receipts were written in, across the writers and hosts of a directory.
+    A directory that cannot be listed raises ReceiptFileError, or, with `on_error`
+    (as `os.walk`'s `onerror`), is passed to it and left out.
+    """
+    found = [
+        path
+        for path in _walk(directory, on_error)
+        if path.suffix in PUBLISHED_SUFFIXES and path.is_file()
+    ]
+    return sorted(found, key=lambda path: (path.name, str(path)))
+
+
+def _walk(directory: Path, on_error: Callable[[ReceiptFileError], None] | None) -> Iterator[Path]:
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as exc:
+        error = ReceiptFileError(f"{directory}: {_why(exc)}")
+        if on_error is None:
+            raise error from None
+        on_error(error)
+        return
+    for entry in entries:
+        if entry.name.startswith((".", "_")):
+            continue
+        if entry.is_dir():
+            yield from _walk(entry, on_error)
+        else:
+            yield entry
+
+
+def copy_receipts(path: Path, out: BinaryIO) -> None:
+    """Write the receipts of one file to `out` as JSON Lines (see `receipt_chunks`).
+
+    Only reading the file raises ReceiptFileError; an error writing `out` (a reader gone
+    away, a full disk) propagates as it is.
+    """
+    for chunk in receipt_chunks(path):
+        out.write(chunk)
+
+
+def receipt_chunks(path: Path) -> Iterator[bytes]:
+    """The receipts of one file as JSON Lines, in pieces of up to about a megabyte.
+
+    A Parquet file (told by its first bytes, whatever its name) gives its rows as the
+    writer wrote them before converting them, byte for byte; any other file is given as
+    it is, as JSON Lines (a last line cut short by a crash included, then ended with a
+    newline). Raises ReceiptFileError when the file cannot be read.
+    """
+    try:
+        if _is_parquet(path):
+            yield from _parquet_chunks(path)
+        else:
+            yield from _line_chunks(path)
+    except (OSError, ValueError) as exc:
+        raise ReceiptFileError(f"{path}: {_why(exc)}") from None
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The receipts of a directory (its published files) or of one file, as records:
+    for scripts and tests. Raises ReceiptFileError, or ValueError for a line that is
+    not JSON."""
+    data = b"".join(
+        chunk
+        for file in (published_files(path) if path.is_dir() else [path])
+        for chunk in receipt_chunks(file)
+    )
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def _is_parquet(path: Path) -> bool:
+    with path.open("rb") as source:
+        return source.read(len(_PARQUET_MAGIC)) == _PARQUET_MAGIC
+
+
+def _line_chunks(path: Path) -> Iterator[bytes]:
+    last = b"\n"
+    with path.open("rb") as source:
+        while chunk := source.read(_CHUNK):
+            yield chunk
+            last = chunk[-1:]
+    if last != b"\n":
+        yield b"\n"
+
+
+def _parquet_chunks(path: Path) -> Iterator[bytes]:
+    import pyarrow as pa
+
+    from gateway.core import receipts_parquet
+
+    try:
+        lines: list[str] = []
+        size = 0
+        for record in receipts_parquet.records(path):
+            line = record_line(record)
+            lines.append(line)
+            size += len(line)
+            if size >= _CHUNK:
+                yield "".join(lines).encode()
+                lines, size = [], 0
+        if lines:
+            yield "".join(lines).encode()
+    except pa.ArrowException as exc:
+        if isinstance(exc, OSError):  # the file system's error, said as such
+            raise
+        problem = f"not a readable receipts Parquet file ({_why(exc)})"
+        raise ReceiptFileError(f"{path}: {problem}") from None
+
+
+def _why(exc: Exception) -> str:
+    # A system error and our own ValueError say what is wrong without quoting content;
+    # a parser's message may quote the bytes it choked on, so only its kind is shown.
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    if type(exc) is ValueError:
+        return str(exc)
+    return type(exc).__name__

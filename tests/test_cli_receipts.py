@@ -1,0 +1,189 @@
+"""`pushgw receipts cat`: receipts back as the writer's JSON Lines, from either format."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from gateway.cli import main as pushgw
+from gateway.core.push import Outcome, ProviderKind, Receipt
+from gateway.core.receipts import ReceiptsFormat, receipt_record, record_line
+from gateway.receipt_files import published_files, read_records
+from spark_plugins import synthetic
+from tests.core.conftest import write_groups
+
+PUSHGW = [sys.executable, "-m", "gateway.cli"]
+
+
+def varied_receipts() -> list[Receipt]:
+    """Generated receipts, plus one with every nullable field null and a non-ASCII app."""
+    items = list(synthetic.receipts(2_000, seed=11, in_time_order=True))
+    items.append(
+        Receipt(
+            push_id="2b1f0c55-0000-4000-8000-000000000002",
+            plugin="matrix",
+            app_id="app.\u00fcber.\U0001f514",
+            provider=ProviderKind.FCM,
+            outcome=Outcome.PERMANENT,
+            status=None,
+            reason=None,
+            attempts=0,
+            latency=0.0001,
+            finished_at=1_735_689_600.000001,
+            token_hash=None,
+        )
+    )
+    return items
+
+
+def write(items: list[Receipt], directory: Path, file_format: ReceiptsFormat) -> Path:
+    """The gateway's writer, one file per 500 receipts (every batch rolls its file)."""
+    groups = [items[i : i + 500] for i in range(0, len(items), 500)]
+    asyncio.run(write_groups(directory, groups, file_format=file_format, roll_bytes=1))
+    return directory
+
+
+def cat(capfdbinary: pytest.CaptureFixture[bytes], *args: str) -> tuple[int, bytes, str]:
+    status = pushgw(["receipts", "cat", *args])
+    out, err = capfdbinary.readouterr()
+    return status, out, err.decode()
+
+
+def test_parquet_receipts_print_as_the_writer_wrote_them(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    items = varied_receipts()
+    jsonl = write(items, tmp_path / "jsonl", "jsonl")
+    parquet = write(items, tmp_path / "parquet", "parquet")
+    assert len(published_files(parquet)) > 3  # several files, read in order
+    assert {f.suffix for f in published_files(parquet)} == {".parquet"}
+
+    status, from_parquet, err = cat(capfdbinary, str(parquet))
+    assert (status, err) == (0, "")
+    expected = "".join(record_line(receipt_record(r)) for r in items).encode()
+    assert from_parquet == expected
+    assert cat(capfdbinary, str(jsonl)) == (0, expected, "")
+    assert read_records(parquet) == [receipt_record(r) for r in items]
+
+
+def test_a_directory_gives_its_published_files_recursively_in_name_order(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    line = {
+        name: record_line({"v": 1, "push_id": name}).encode()
+        for name in ("a", "b", "c", "open", "tmp", "hidden", "under")
+    }
+    host_b = tmp_path / "host-b"
+    host_b.mkdir()
+    (tmp_path / "receipts-20250101T020000Z-1-0001.jsonl").write_bytes(line["c"])
+    (host_b / "receipts-20250101T010000Z-9-0001.jsonl").write_bytes(line["b"])
+    (tmp_path / "receipts-20250101T000000Z-1-0001.jsonl").write_bytes(line["a"])
+    # still being written, or not receipts: left out, as the Spark jobs leave them out
+    (tmp_path / "receipts-20250101T030000Z-1-0002.jsonl.open").write_bytes(line["open"])
+    (tmp_path / "receipts-20250101T030000Z-1-0002.parquet.tmp").write_bytes(line["tmp"])
+    (tmp_path / ".receipts-hidden.jsonl").write_bytes(line["hidden"])
+    (tmp_path / "_temporary").mkdir()
+    (tmp_path / "_temporary" / "receipts-x.jsonl").write_bytes(line["under"])
+
+    assert cat(capfdbinary, str(tmp_path)) == (0, line["a"] + line["b"] + line["c"], "")
+    # a file named on the command line is printed whatever its name
+    open_file = tmp_path / "receipts-20250101T030000Z-1-0002.jsonl.open"
+    assert cat(capfdbinary, str(open_file)) == (0, line["open"], "")
+
+
+def test_a_line_cut_short_is_printed_as_it_is_then_ended(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    path = tmp_path / "receipts-20250101T000000Z-1-0001.jsonl"
+    path.write_bytes(b'{"v":1}\n{"v":1,"ts":17')
+    assert cat(capfdbinary, str(path)) == (0, b'{"v":1}\n{"v":1,"ts":17\n', "")
+
+
+def test_the_default_is_the_configured_directory(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    items = varied_receipts()[:50]
+    receipts = write(items, tmp_path / "receipts", "parquet")
+    config = tmp_path / "pushgw.yaml"
+    config.write_text(yaml.safe_dump({"receipts": {"directory": str(receipts)}}))
+    status = pushgw(["receipts", "cat", "--config", str(config)])
+    out, err = capfdbinary.readouterr()
+    assert (status, err) == (0, b"")
+    assert out == "".join(record_line(receipt_record(r)) for r in items).encode()
+
+
+def test_a_missing_path_prints_nothing(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    write(varied_receipts()[:10], tmp_path / "receipts", "jsonl")
+    missing = tmp_path / "nope"
+    status, out, err = cat(capfdbinary, str(tmp_path / "receipts"), str(missing))
+    assert (status, out) == (2, b"")
+    assert err == f"pushgw: error: {missing}: no such file or directory\n"
+
+
+def test_an_unreadable_file_is_named_and_the_others_still_print(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    good = tmp_path / "receipts-20250101T000000Z-1-0001.jsonl"
+    good.write_bytes(b'{"v":1}\n')
+    corrupt = tmp_path / "receipts-20250101T010000Z-1-0002.parquet"
+    corrupt.write_bytes(b"PAR1 a Parquet file cut short by a full disk")
+    foreign = tmp_path / "receipts-20250101T020000Z-1-0003.parquet"
+    pq.write_table(pa.table({"v": [1], "ts": [1.5]}), foreign)
+    late = tmp_path / "receipts-20250101T030000Z-1-0004.jsonl"
+    late.write_bytes(b'{"v":2}\n')
+
+    status, out, err = cat(capfdbinary, str(tmp_path))
+    assert (status, out) == (1, b'{"v":1}\n{"v":2}\n')
+    assert err.splitlines() == [
+        f"pushgw: {corrupt}: not a readable receipts Parquet file (ArrowInvalid)",
+        f"pushgw: {foreign}: not a receipts file: no column 'push_id'",
+    ]
+
+
+def test_a_directory_that_cannot_be_listed_is_named(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "receipts-20250101T000000Z-1-0001.jsonl").write_bytes(b'{"v":1}\n')
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    listing = Path.iterdir
+
+    def iterdir(self: Path) -> Iterator[Path]:
+        # what a directory without read permission gives, even to root
+        if self == locked:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    status, out, err = cat(capfdbinary, str(tmp_path))
+    assert (status, out, err) == (1, b'{"v":1}\n', f"pushgw: {locked}: Permission denied\n")
+
+
+def test_a_closed_stdout_ends_quietly_with_141(tmp_path: Path) -> None:
+    """`pushgw receipts cat DIR | head -1`: no traceback, and no file blamed for it."""
+    receipts = write(varied_receipts(), tmp_path / "receipts", "parquet")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes a byte: no race
+    try:
+        result = subprocess.run(
+            [*PUSHGW, "receipts", "cat", str(receipts)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")
