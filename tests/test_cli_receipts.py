@@ -16,34 +16,16 @@ import pytest
 import yaml
 
 from gateway.cli import main as pushgw
-from gateway.core.push import Outcome, ProviderKind, Receipt
+from gateway.core.push import Receipt
 from gateway.core.receipts import ReceiptsFormat, receipt_record, record_line
 from gateway.receipt_files import published_files, read_records
-from spark_plugins import synthetic
-from tests.core.conftest import write_groups
+from tests.core.conftest import make_receipts, write_groups
 
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
 
 def varied_receipts() -> list[Receipt]:
-    """Generated receipts, plus one with every nullable field null and a non-ASCII app."""
-    items = list(synthetic.receipts(2_000, seed=11, in_time_order=True))
-    items.append(
-        Receipt(
-            push_id="2b1f0c55-0000-4000-8000-000000000002",
-            plugin="matrix",
-            app_id="app.\u00fcber.\U0001f514",
-            provider=ProviderKind.FCM,
-            outcome=Outcome.PERMANENT,
-            status=None,
-            reason=None,
-            attempts=0,
-            latency=0.0001,
-            finished_at=1_735_689_600.000001,
-            token_hash=None,
-        )
-    )
-    return items
+    return make_receipts(2_000, set(), seed=11)
 
 
 def write(items: list[Receipt], directory: Path, file_format: ReceiptsFormat) -> Path:

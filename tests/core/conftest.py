@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.push import Receipt
+from gateway.core.push import Outcome, Receipt
 from gateway.core.receipts import ReceiptsFormat, ReceiptWriter
+from spark_plugins import synthetic
 
 
 @pytest.fixture
@@ -58,3 +59,29 @@ async def write_groups(
             await writer.put(receipt)
         assert await written.get() == len(group)
     await writer.close()
+
+
+def make_receipts(n: int, secrets_seen: set[str], seed: int = 7) -> list[Receipt]:
+    """Varied receipts plus one with every nullable field null and a non-ASCII app id;
+    their ids must not be logged."""
+    items = list(synthetic.receipts(n - 1, seed=seed))
+    items.append(
+        Receipt(
+            push_id="2b1f0c55-0000-4000-8000-000000000001",
+            plugin="matrix",
+            app_id="unknown.\u00fcber.\U0001f514",  # escaped in JSON, raw in Parquet
+            provider=None,
+            outcome=Outcome.PERMANENT,
+            status=None,
+            reason=None,
+            attempts=0,
+            latency=0.0001,
+            finished_at=1_735_689_600.25,
+            token_hash=None,
+        )
+    )
+    for item in items:
+        secrets_seen.add(item.push_id)
+        if item.token_hash:
+            secrets_seen.add(item.token_hash)
+    return items

@@ -22,12 +22,10 @@ import gateway.core
 from gateway.app import load_gateway, running_core
 from gateway.core import receipts as receipts_module
 from gateway.core import receipts_parquet
-from gateway.core.push import Outcome, Receipt
 from gateway.core.receipts import ReceiptsFormat, ReceiptWriter, RollingFile, receipt_record
 from gateway.receipt_files import read_records
 from gateway.testing.harness import base_config
-from spark_plugins import synthetic
-from tests.core.conftest import write_groups
+from tests.core.conftest import make_receipts, write_groups
 
 CUT_LINE = '{"v":1,"ts":1735689600.5,"push_id":"6f1c'  # a write cut short by a crash
 
@@ -36,31 +34,6 @@ CUT_LINE = '{"v":1,"ts":1735689600.5,"push_id":"6f1c'  # a write cut short by a 
 def immediate_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     # The writer still batches whatever is queued when it wakes; it just does not wait.
     monkeypatch.setattr(receipts_module, "_FLUSH_INTERVAL", 0)
-
-
-def make_receipts(n: int, secrets_seen: set[str], seed: int = 7) -> list[Receipt]:
-    """Varied receipts plus one with every nullable field null; their ids must not be logged."""
-    items = list(synthetic.receipts(n - 1, seed=seed))
-    items.append(
-        Receipt(
-            push_id="2b1f0c55-0000-4000-8000-000000000001",
-            plugin="matrix",
-            app_id="unknown.app",
-            provider=None,
-            outcome=Outcome.PERMANENT,
-            status=None,
-            reason=None,
-            attempts=0,
-            latency=0.0001,
-            finished_at=1_735_689_600.25,
-            token_hash=None,
-        )
-    )
-    for item in items:
-        secrets_seen.add(item.push_id)
-        if item.token_hash:
-            secrets_seen.add(item.token_hash)
-    return items
 
 
 def names(directory: Path) -> list[str]:
