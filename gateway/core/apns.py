@@ -269,7 +269,6 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         super().__init__(*args, **kwargs)
         self._streams: dict[int, _Stream] = {}
         self._window_waiters: list[asyncio.Future[None]] = []
-        self._lost: ConnectionClosed | None = None  # set when the connection is lost
         # aioapns assumes 1000 streams until the server's SETTINGS arrive; APNs allows one
         # on a fresh token-auth connection, and opening more is a protocol error.
         self.free_channels = _StreamSlots(1)
@@ -364,14 +363,15 @@ class _ApnsProtocol(APNsTLSClientProtocol):
                     waiter: asyncio.Future[None] = self.loop.create_future()
                     self._window_waiters.append(waiter)
                     await waiter
-                    if future.done() and future.exception() is not None:
-                        # Reset by the server, or the connection lost, while we waited
-                        # (`_finish`, `connection_lost` woke us): the body can no longer
-                        # be sent and that error is this send's answer, retrieved here.
-                        # (A complete answer without a reset still takes the body.)
+                    if future.done():
+                        # Answered, reset by the server, or the connection lost, while
+                        # we waited (`_finish`, `connection_lost` woke us): that is this
+                        # send's answer (an error is retrieved here). A server may answer
+                        # before the whole request (RFC 9113 section 8.1), so the body
+                        # is not sent: our half of the stream is closed instead.
+                        if future.exception() is None:
+                            self._cancel_stream(stream_id)
                         return await future
-                    if self._lost is not None:  # lost after a complete answer came
-                        raise self._lost
                 self.conn.send_data(stream_id, body, end_stream=True)
             self.flush()
             return await future
@@ -379,12 +379,16 @@ class _ApnsProtocol(APNsTLSClientProtocol):
             if self._streams.pop(stream_id, None) is not None:
                 # Abandoned (timeout, cancellation, local error): free the stream slot.
                 self.free_channels.release()
-                if self.transport is not None and not self.transport.is_closing():
-                    try:
-                        self.conn.reset_stream(stream_id, ErrorCodes.CANCEL)
-                        self.flush()
-                    except H2Error:
-                        pass
+                self._cancel_stream(stream_id)
+
+    def _cancel_stream(self, stream_id: int) -> None:
+        """RST_STREAM CANCEL: we send no more on this stream (the server may have closed it)."""
+        if self.transport is not None and not self.transport.is_closing():
+            try:
+                self.conn.reset_stream(stream_id, ErrorCodes.CANCEL)
+                self.flush()
+            except H2Error:
+                pass
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -419,6 +423,8 @@ class _ApnsProtocol(APNsTLSClientProtocol):
             self.flush()
 
     def _wake_senders(self) -> None:
+        if not self._window_waiters:  # the usual case, on every answer
+            return
         waiters, self._window_waiters = self._window_waiters, []
         for waiter in waiters:
             if not waiter.done():
@@ -456,10 +462,12 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         stream.future.set_result(
             _Result(stream.notification_id, status, reason, timestamp, retry_after)
         )
+        # Its sender may be waiting for window to send the body, which is now not needed.
+        self._wake_senders()
 
     def connection_lost(self, exc: Exception | None) -> None:
         streams, self._streams = self._streams, {}
-        closed = self._lost = ConnectionClosed(str(exc) if exc else "connection closed")
+        closed = ConnectionClosed(str(exc) if exc else "connection closed")
         for stream in streams.values():
             if not stream.future.done():
                 stream.future.set_exception(closed)

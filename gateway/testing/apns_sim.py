@@ -433,6 +433,10 @@ class _ApnsConnection(asyncio.Protocol):
                     # may still be waiting for flow-control window to send it.
                     self.h2.reset_stream(event.stream_id, ErrorCodes.INTERNAL_ERROR)  # type: ignore[arg-type]
                     continue
+                early = self.sim.answer_before_body
+                if early is not None and event.stream_ended is None:
+                    self.sim._answer_before_body(self, event.stream_id, early)  # type: ignore[arg-type]
+                    continue
                 headers: list[tuple[str, str]] = event.headers  # type: ignore[assignment]
                 self.streams[event.stream_id] = _Stream(headers)  # type: ignore[index]
             elif kind is DataReceived:
@@ -579,6 +583,13 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
     stream as soon as its HEADERS arrive without END_STREAM, before any of its body:
     with a small `initial_window_size`, the client is then still waiting for window
     to send that body. Such requests are not recorded.
+
+    Set `answer_before_body` to an `ApnsResponse` to answer every such stream with it
+    (its status and reason; not its delay or fault) at once instead, a complete
+    response before the request is, as RFC 9113 section 8.1 lets a server do; then,
+    unless `reset_after_early_answer` is False, to reset the stream with NO_ERROR, the
+    RFC's way to ask the client to stop sending its body. Such requests are not
+    recorded either.
     """
 
     _recording_noun = "requests"
@@ -628,6 +639,8 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
 
         self.default = ApnsResponse()
         self.reset_before_body = False
+        self.answer_before_body: ApnsResponse | None = None
+        self.reset_after_early_answer = True
         self.connections_opened = 0
         self._scripts: dict[str, list[ApnsResponse]] = {}
         self._script_all: list[ApnsResponse] = []
@@ -881,6 +894,23 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
             reason = _DEFAULT_REASONS.get(response.status)
         return token, response.status, reason, parsed, response
 
+    def _error_body(self, status: int, reason: str | None, response: ApnsResponse | None) -> bytes:
+        error: dict[str, Any] = {"reason": reason}
+        if status == 410:
+            ts = response.timestamp if response is not None else None
+            error["timestamp"] = ts if ts is not None else int(self.clock() * 1000)
+        return json.dumps(error).encode()
+
+    def _answer_before_body(
+        self, conn: _ApnsConnection, stream_id: int, response: ApnsResponse
+    ) -> None:
+        status = response.status
+        reason = response.reason or _DEFAULT_REASONS.get(status)
+        payload = self._error_body(status, reason, response) if status != 200 else None
+        conn.respond(stream_id, str(uuid.uuid4()).upper(), status, payload, None)
+        if self.reset_after_early_answer:
+            conn.h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+
     def _handle(self, conn: _ApnsConnection, stream_id: int, stream: _Stream) -> None:
         body = bytes(stream.body)
         token, status, reason, parsed, response = self._decide(stream, body)
@@ -892,11 +922,7 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         if fault == "goaway":
             payload = json.dumps({"reason": reason or "Shutdown"}).encode()
         elif status != 200 and fault != "no_body":
-            error: dict[str, Any] = {"reason": reason}
-            if status == 410:
-                ts = response.timestamp if response is not None else None
-                error["timestamp"] = ts if ts is not None else int(self.clock() * 1000)
-            payload = json.dumps(error).encode()
+            payload = self._error_body(status, reason, response)
 
         self._recorded(
             lambda: ApnsRequest(

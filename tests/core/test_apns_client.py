@@ -541,6 +541,37 @@ async def test_a_stream_reset_while_its_body_waits_for_window_ends_at_once(
     assert sim.connections_opened == 1
 
 
+@pytest.mark.parametrize("then_reset", [True, False], ids=["then-reset", "no-reset"])
+async def test_an_answer_that_comes_while_the_body_waits_for_window_is_the_answer(
+    sim: ApnsSimulator,
+    make_client: MakeClient,
+    secrets_seen: set[str],
+    then_reset: bool,
+) -> None:
+    """A server may answer before the whole request, then reset the stream with NO_ERROR
+    (RFC 9113 section 8.1): the send ends with that answer at once, not `timeout` (or
+    `connection_error`) while its body still waits for window, and frees its stream."""
+    sim.initial_window_size = 64  # per stream, until the client sends DATA
+    client = await make_client(request_timeout=5.0, max_connections=1)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    sim.answer_before_body = ApnsResponse(413, "PayloadTooLarge")
+    sim.reset_after_early_answer = then_reset
+    attempt = await asyncio.wait_for(
+        send(client, push_for(token(), sized_payload(1000)), secrets_seen), 4.0
+    )
+    assert (attempt.outcome, attempt.status, attempt.reason) == (
+        Outcome.PERMANENT,
+        413,
+        "PayloadTooLarge",
+    )
+    # the stream is closed on both sides: the connection goes on, with all its streams
+    sim.answer_before_body = None
+    sim.set_max_concurrent_streams(1)
+    for _ in range(3):
+        assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert sim.connections_opened == 1
+
+
 async def test_error_bodies_do_not_exhaust_the_receive_window(
     sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
 ) -> None:
