@@ -236,6 +236,7 @@ class running_core:
         if self.migrate:
             await store.upgrade(gw.migration_dirs())
         if settings.receipts.enabled:
+            published = gw.runtime.metrics.receipt_files_published
             self.writer = ReceiptWriter(
                 settings.receipts.directory,
                 roll_seconds=settings.receipts.roll_seconds,
@@ -245,6 +246,7 @@ class running_core:
                 on_written=gw.runtime.metrics.receipts_written.inc,
                 on_write_failed=gw.runtime.metrics.receipt_write_failures.inc,
                 on_lost=gw.runtime.metrics.receipts_lost.inc,
+                on_published=lambda fmt: published.labels(fmt).inc(),
             )
             await self.writer.start()
         sink = _make_sink(gw, self.writer)

@@ -118,6 +118,15 @@ class Metrics:
             "Accepted receipt records never written: writing still failed at shutdown",
             registry=r,
         )
+        self.receipt_files_published = Counter(
+            "pushgw_receipt_files_published",
+            "Receipt files published, by format (with receipts.format parquet, a jsonl "
+            "file is one whose conversion failed)",
+            ["format"],
+            registry=r,
+        )
+        for file_format in ("jsonl", "parquet"):  # both series from the start, for alerts
+            self.receipt_files_published.labels(file_format)
 
     @overload
     def tally(self, child: Histogram) -> HistogramTally: ...

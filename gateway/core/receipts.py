@@ -42,6 +42,8 @@ _RETRY_CAP = 10.0  # longest wait between two attempts
 _OPEN_NAME = re.compile(r"receipts-\d{8}T\d{6}Z-(\d{1,9})-\d+\.jsonl\.open")
 # No writer of this process can have written a file before this module was imported.
 _PROCESS_STARTED = time.time()
+# Told the format of each file published (`ReceiptWriter`'s `on_published`).
+OnPublished = Callable[[ReceiptsFormat], None]
 # One encoder: `json.dumps` with any keyword argument builds a new one per record.
 _encode_record = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -69,10 +71,12 @@ def receipt_record(receipt: Receipt) -> dict[str, Any]:
     }
 
 
-def finish(path: Path, file_format: ReceiptsFormat) -> None:
+def finish(path: Path, file_format: ReceiptsFormat) -> ReceiptsFormat | None:
     """Publish the `.jsonl.open` file `path`, which nobody writes any more.
 
     It becomes `.jsonl`, or `.parquet` with that format; an empty file is removed.
+    Returns the format of the file published: `jsonl` with the Parquet format when the
+    conversion failed; None when none was (an empty file, or one published already).
     """
     jsonl = path.with_suffix("")  # drop ".open"
     parquet = jsonl.with_suffix(".parquet")
@@ -80,10 +84,12 @@ def finish(path: Path, file_format: ReceiptsFormat) -> None:
         # A `.parquet` of the same name is only ever renamed into place complete: a crash
         # came between that rename and this removal, and the records are already in it.
         path.unlink()
-    elif file_format == "parquet" and _publish_parquet(path, parquet):
+        return None
+    if file_format == "parquet" and _publish_parquet(path, parquet):
         path.unlink()
-    else:
-        path.rename(jsonl)
+        return "parquet"
+    path.rename(jsonl)
+    return "jsonl"
 
 
 def _publish_parquet(source: Path, target: Path) -> bool:
@@ -112,7 +118,9 @@ def _publish_parquet(source: Path, target: Path) -> bool:
     return True
 
 
-def recover(directory: Path, file_format: ReceiptsFormat) -> None:
+def recover(
+    directory: Path, file_format: ReceiptsFormat, on_published: OnPublished | None = None
+) -> None:
     """Finish the `.jsonl.open` files left behind by writers that no longer run."""
     for path in sorted(directory.glob("receipts-*.jsonl.open")):
         match = _OPEN_NAME.fullmatch(path.name)
@@ -120,7 +128,9 @@ def recover(directory: Path, file_format: ReceiptsFormat) -> None:
             continue
         try:
             if _abandoned(path, int(match[1])):
-                _recover_one(path, file_format)
+                published = _recover_one(path, file_format)
+                if published is not None and on_published is not None:
+                    on_published(published)
         except FileNotFoundError:
             pass  # finished meanwhile by its writer or another worker
         except OSError as exc:  # never worth refusing to start over
@@ -140,17 +150,18 @@ def _abandoned(path: Path, pid: int) -> bool:
     return False
 
 
-def _recover_one(path: Path, file_format: ReceiptsFormat) -> None:
+def _recover_one(path: Path, file_format: ReceiptsFormat) -> ReceiptsFormat | None:
     with path.open("rb") as claim:
         # Workers of `serve --workers N` start together: one of them recovers a file.
         try:
             fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return
+            return None
         if os.fstat(claim.fileno()).st_ino != path.stat().st_ino:
-            return  # recovered by another worker between our open and our lock
-        finish(path, file_format)
+            return None  # recovered by another worker between our open and our lock
+        published = finish(path, file_format)
     log.info("receipts: recovered %s, left by a process that no longer runs", path.name)
+    return published
 
 
 class WriteFailed(Exception):
@@ -178,11 +189,13 @@ class RollingFile:
         roll_seconds: float,
         roll_bytes: int,
         file_format: ReceiptsFormat = "jsonl",
+        on_published: OnPublished | None = None,
     ) -> None:
         self.directory = directory
         self.roll_seconds = roll_seconds
         self.roll_bytes = roll_bytes
         self.file_format = file_format
+        self.on_published = on_published
         self.unpublished: list[Path] = []
         self._fd: int | None = None
         self._path: Path | None = None
@@ -227,8 +240,8 @@ class RollingFile:
         os.ftruncate(fd, size)
 
     @staticmethod
-    def _publish(path: Path, file_format: ReceiptsFormat) -> None:
-        finish(path, file_format)
+    def _publish(path: Path, file_format: ReceiptsFormat) -> ReceiptsFormat | None:
+        return finish(path, file_format)
 
     def _due(self) -> bool:
         return self._size >= self.roll_bytes or time.monotonic() - self._opened >= self.roll_seconds
@@ -270,14 +283,17 @@ class RollingFile:
         that failed for the next call."""
         error: OSError | None = None
         for path in list(self.unpublished):
+            published = None
             try:
-                self._publish(path, self.file_format)
+                published = self._publish(path, self.file_format)
             except FileNotFoundError:
                 pass  # published by hand meanwhile
             except OSError as exc:
                 error = error or exc
                 continue
             self.unpublished.remove(path)
+            if published is not None and self.on_published is not None:
+                self.on_published(published)
         if error is not None:
             raise error
 
@@ -288,7 +304,7 @@ class RollingFile:
                 from gateway.core import receipts_parquet  # noqa: F401
             except ImportError as exc:
                 log.warning("receipts: files will stay JSON Lines: %s", exc)
-        recover(self.directory, self.file_format)
+        recover(self.directory, self.file_format, self.on_published)
 
     def close(self) -> None:
         """Roll the open file and publish every rolled one; raise if one stays unpublished."""
@@ -303,6 +319,9 @@ class ReceiptWriter:
     `on_written(n)`, `on_write_failed()` and `on_lost(n)` (metrics) are called on the
     event loop: n records written; one failed attempt to write or publish (retried);
     n accepted records given up at `close()` because writing still failed.
+    `on_published(format)` is called in the writer thread (a Prometheus counter is
+    thread-safe) for each file published, crashed writers' included, with its format:
+    `jsonl` with the Parquet format means its conversion failed.
     """
 
     def __init__(
@@ -316,8 +335,11 @@ class ReceiptWriter:
         on_written: Callable[[int], None] | None = None,
         on_write_failed: Callable[[], None] | None = None,
         on_lost: Callable[[int], None] | None = None,
+        on_published: OnPublished | None = None,
     ) -> None:
-        self._file = RollingFile(Path(directory), roll_seconds, roll_bytes, file_format)
+        self._file = RollingFile(
+            Path(directory), roll_seconds, roll_bytes, file_format, on_published
+        )
         self._capacity = buffer
         # Accepted records not yet written, oldest first. Only the writer loop removes
         # them, and only once they are in a file.

@@ -143,6 +143,44 @@ async def test_the_gateway_passes_the_configured_format(
     assert parquet_rows([only]) == [receipt_record(r) for r in items]
 
 
+@pytest.mark.parametrize("conversion", ["works", "fails"])
+async def test_the_gateway_counts_published_files_by_format(
+    tmp_path: Path, secrets_seen: set[str], monkeypatch: pytest.MonkeyPatch, conversion: str
+) -> None:
+    """A crashed writer's file recovered at start and the file closed at shutdown are
+    both counted; with Parquet, a conversion that failed shows as a jsonl file."""
+    if conversion == "fails":
+
+        def broken(source: Path, target: Path) -> int:
+            raise ValueError("cannot convert")
+
+        monkeypatch.setattr(receipts_parquet, "convert", broken)
+    text = jsonl(receipt_record(r) for r in make_receipts(3, secrets_seen))
+    leftover(tmp_path / "receipts", dead_pid(), text)
+    gateway = load_gateway(data=base_config(tmp_path, {}))  # the default: parquet
+    core = running_core(gateway)
+    async with core:
+        assert core.writer is not None
+        for receipt in make_receipts(5, secrets_seen, seed=8):
+            await core.writer.put(receipt)
+    registry = gateway.runtime.metrics.registry
+    counts = {
+        fmt: registry.get_sample_value("pushgw_receipt_files_published_total", {"format": fmt})
+        for fmt in ("jsonl", "parquet")
+    }
+    expected = (
+        {"jsonl": 0.0, "parquet": 2.0}
+        if conversion == "works"
+        else {
+            "jsonl": 2.0,
+            "parquet": 0.0,
+        }
+    )
+    assert counts == expected
+    suffixes = sorted(path.suffix for path in (tmp_path / "receipts").iterdir())
+    assert suffixes == [".jsonl" if conversion == "fails" else ".parquet"] * 2
+
+
 # --- recovery of files left by crashed writers ----------------------------------------
 
 
