@@ -104,6 +104,46 @@ def test_the_default_is_the_configured_directory(
     assert out == "".join(record_line(receipt_record(r)) for r in items).encode()
 
 
+def test_another_writers_parquet_file_prints_in_the_documented_shape(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """Columns in another order, an unknown one, narrower integers and a null where the
+    writer never puts one (Spark's jobs skip such a row): printed as the record is."""
+    path = tmp_path / "other.parquet"
+    table = pa.table(
+        {
+            "extra": ["ignored"],
+            "token_hash": [None],
+            "latency_ms": [12.5],
+            "attempts": pa.array([2], pa.int32()),
+            "reason": ["BadDeviceToken"],
+            "http_status": pa.array([400], pa.int32()),
+            "status": ["permanent"],
+            "provider": ["apns"],
+            "app_id": ["ios"],
+            "plugin": ["zulip"],
+            "push_id": pa.array([None], pa.string()),
+            "ts": [1735689600.5],
+            "v": pa.array([1], pa.int32()),
+        }
+    )
+    pq.write_table(table, path)
+    expected = (
+        '{"v":1,"ts":1735689600.5,"push_id":null,"plugin":"zulip","app_id":"ios",'
+        '"provider":"apns","status":"permanent","http_status":400,"reason":"BadDeviceToken",'
+        '"attempts":2,"latency_ms":12.5,"token_hash":null}\n'
+    )
+    assert cat(capfdbinary, str(path)) == (0, expected.encode(), "")
+    # a column of a type the schema's cannot be read as: named, nothing of it printed
+    wrong = tmp_path / "wrong.parquet"
+    pq.write_table(table.set_column(11, "ts", pa.array(["noon"])), wrong)
+    assert cat(capfdbinary, str(wrong)) == (
+        1,
+        b"",
+        f"pushgw: {wrong}: not a readable receipts Parquet file (ArrowInvalid)\n",
+    )
+
+
 def test_a_missing_path_prints_nothing(
     tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
 ) -> None:

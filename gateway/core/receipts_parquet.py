@@ -52,6 +52,11 @@ def convert(source: Path, target: Path) -> int:
     return skipped
 
 
+# What `records` reads: the schema's types, nulls shown where they are (another
+# writer's file may hold some in a required column; the Spark jobs skip such rows).
+_READ_SCHEMA = pa.schema([field.with_nullable(True) for field in SCHEMA])
+
+
 def records(path: Path) -> Iterator[dict[str, Any]]:
     """The receipts of a Parquet receipts file, one documented record each: the schema's
     fields in its order and with its types, so each encodes as the writer's JSON line.
@@ -65,7 +70,8 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
     if missing:
         raise ValueError(f"not a receipts file: no column {missing[0]!r}")
     for batch in parquet.iter_batches(columns=SCHEMA.names):
-        yield from pa.Table.from_batches([batch]).cast(SCHEMA).to_pylist()
+        table = pa.Table.from_batches([batch]).select(SCHEMA.names)
+        yield from table.cast(_READ_SCHEMA).to_pylist()
 
 
 def _read_json(source: str | pa.NativeFile) -> pa.Table:
