@@ -78,7 +78,12 @@ OPTIONS = (
         choices=FAILURE_STATUSES,
     ),
     JobOption(
-        "transient_failures", int, 5, "N: consecutive transient failures that retire", minimum=1
+        "transient_failures",
+        int,
+        5,
+        "N: consecutive transient failures that retire",
+        minimum=1,
+        maximum=JAVA_INT_MAX,
     ),
     JobOption(
         "window_hours",

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 
 JAVA_INT_MAX = 2**31 - 1  # `maximum` of an option Spark takes as a Java int
+# Every int option's range, whatever its own bounds: Spark holds a number as a Java long.
+JAVA_LONG_MIN, JAVA_LONG_MAX = -(2**63), 2**63 - 1
 
 
 class OptionError(ValueError):
@@ -85,7 +87,8 @@ class JobOption:
     - `check(value)`: anything else; raises `ValueError` (or `OptionError`) whose message
       says what is wrong, e.g. "duplicate column 'plugin'".
 
-    A float option never accepts NaN.
+    A float option never accepts NaN, an int option no value beyond a Java long (Spark
+    could not take it).
     """
 
     name: str
@@ -146,6 +149,10 @@ class JobOption:
             wrong = f"> {_number(self.exclusive_minimum)}"
         elif self.maximum is not None and value > self.maximum:
             wrong = f"<= {_number(self.maximum)}"
+        elif self.type is int and value > JAVA_LONG_MAX:
+            wrong = f"<= {JAVA_LONG_MAX}"
+        elif self.type is int and value < JAVA_LONG_MIN:
+            wrong = f">= {JAVA_LONG_MIN}"
         if wrong:
             raise OptionError(f"option {self.name}: must be {wrong}, not {value}")
 

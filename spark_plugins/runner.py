@@ -166,7 +166,7 @@ def run_jobs(
                 print(f"pushgw spark: {job.name}: {exc}", file=sys.stderr)
                 return 2, results
             except Exception as exc:
-                print(f"pushgw spark: {job.name} failed: {exc}", file=sys.stderr)
+                print(f"pushgw spark: {job.name} failed: {failure_text(exc)}", file=sys.stderr)
                 status = 1
                 continue
             print_result(result)
@@ -175,6 +175,20 @@ def run_jobs(
         if stop:
             spark.stop()
     return status, results
+
+
+def failure_text(exc: Exception) -> str:
+    """A job's error in one line: its message without the Java stack trace that Py4J
+    appends (`at ...` frames; Spark's log above holds the executors' own)."""
+    lines = []
+    for line in str(exc).splitlines():
+        line = line.strip().lstrip(": ")
+        if not line:
+            continue
+        if line.startswith("at ") or (line.startswith("...") and line.endswith("more")):
+            break  # the frames start: what follows is trace, not message
+        lines.append(line)
+    return " ".join(lines) or type(exc).__name__
 
 
 def print_result(result: JobResult, stream: Any = None) -> None:

@@ -46,7 +46,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.jobs import JobOption, JobResult, OptionError, SparkJob
+from spark_plugins.jobs import JAVA_INT_MAX, JobOption, JobResult, OptionError, SparkJob
 from spark_plugins.output import ensure_dir, write_result, write_table
 from spark_plugins.reader import MAX_BAD_LINES, read_receipts, report_bad_input
 
@@ -79,13 +79,21 @@ OPTIONS = (
         "how far from the baseline counts as an anomaly",
         minimum=1,  # below 1, an hour at its baseline would be both a spike and a drop
     ),
-    JobOption("baseline_hours", int, 24, "trailing hours that make the baseline", minimum=1),
+    JobOption(
+        "baseline_hours",
+        int,
+        24,
+        "trailing hours that make the baseline",
+        minimum=1,
+        maximum=JAVA_INT_MAX,  # in seconds, it still fits in a long
+    ),
     JobOption(
         "min_baseline_hours",
         int,
         6,
         "hours of history needed before judging (<= baseline_hours)",
         minimum=1,
+        maximum=JAVA_INT_MAX,
     ),
     JobOption("min_volume", int, 20, "smallest volume (or baseline) judged for volume", minimum=0),
     JobOption("min_failures", int, 10, "smallest failure count judged for failure rate", minimum=0),

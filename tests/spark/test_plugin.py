@@ -151,12 +151,16 @@ class CountingSpark:
         CountingSpark.stopped += 1
 
 
-def _two_jobs(ran: list[tuple[str, dict[str, Any]]], fail: str | None = None) -> list[SparkJob]:
+def _two_jobs(
+    ran: list[tuple[str, dict[str, Any]]],
+    fail: str | None = None,
+    error: Exception | None = None,
+) -> list[SparkJob]:
     def job(name: str, *options: JobOption) -> SparkJob:
         def run(spark: Any, receipts: str, out: str, resolved: Any) -> JobResult:
             ran.append((name, dict(resolved)))
             if name == fail:
-                raise RuntimeError("boom")
+                raise error or RuntimeError("boom")
             return JobResult(name)
 
         return SparkJob(name, name, run, options)
@@ -201,6 +205,27 @@ def test_a_failing_job_does_not_stop_the_next(
     assert [r.job for r in results] == ["second"]
     assert CountingSpark.stopped == 1
     assert "first failed: boom" in capsys.readouterr().err
+
+
+def test_a_failing_jobs_java_trace_is_left_out(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What Py4J raises for an error in the JVM: the message, then the Java frames."""
+    error = RuntimeError(
+        "An error occurred while calling o797.geq.\n"
+        ': java.lang.NumberFormatException: For input string: "1e20"\n'
+        "\tat java.base/java.lang.Long.parseLong(Long.java:711)\n"
+        "\tat org.apache.spark.sql.Column.geq(Column.scala:400)\n"
+        "\t... 12 more\n"
+    )
+    monkeypatch.setattr(runner, "spark_problem", lambda: None)
+    monkeypatch.setattr(runner, "get_session", lambda master, **kw: CountingSpark())
+    status, _ = runner.run_jobs(_two_jobs([], fail="first", error=error), "r", "o")
+    assert status == 1
+    assert capsys.readouterr().err == (
+        "pushgw spark: first failed: An error occurred while calling o797.geq. "
+        'java.lang.NumberFormatException: For input string: "1e20"\n'
+    )
 
 
 @pytest.mark.parametrize(

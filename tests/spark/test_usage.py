@@ -234,6 +234,12 @@ HIGHEST = [
     (REPORT, "hash_groups", "2147483647", "2147483648"),
     (REPORT, "max_bad_lines", "2147483647", "2147483648"),
     (DEAD_TOKENS, "hash_groups", "2147483647", "2147483648"),
+    (DEAD_TOKENS, "transient_failures", "2147483647", "2147483648"),
+    (ANOMALIES, "baseline_hours", "2147483647", "2147483648"),
+    (ANOMALIES, "min_baseline_hours", "2147483647", "2147483648"),
+    # no bound of their own: an int option holds a Java long at most
+    (ANOMALIES, "min_volume", "9223372036854775807", "9223372036854775808"),
+    (ANOMALIES, "min_failures", "9223372036854775807", "9223372036854775808"),
     (ANOMALIES, "min_failure_rate", "1", "1.01"),
 ]
 
@@ -243,9 +249,12 @@ def test_numeric_option_bounds(job: SparkJob, name: str, ok: str, bad: str) -> N
     given = [f"{name}={ok}"]
     if name == "baseline_hours":
         given.append("min_baseline_hours=1")
+    if name == "min_baseline_hours":
+        given.append(f"baseline_hours={ok}")
     if name == "window_hours":
         given.append("min_span_hours=0")
-    assert job.resolve_options(given)[name] == float(ok)
+    expected = int(ok) if "." not in ok else float(ok)
+    assert job.resolve_options(given)[name] == expected
     with pytest.raises(OptionError, match=re.escape(f"job {job.name}: option {name}: must be")):
         job.resolve_options([f"{name}={bad}"])
 
@@ -263,6 +272,16 @@ def test_every_builtin_numeric_option_has_a_lower_bound() -> None:
             if opt.type in (int, float):
                 assert opt.minimum is not None or opt.exclusive_minimum is not None, opt.name
         job.resolve_options({})  # the defaults are accepted
+
+
+def test_an_int_option_of_any_job_holds_a_java_long_at_most() -> None:
+    option = JobOption("n", int, 1, "a third party's option without bounds")
+    assert option.parse(str(2**63 - 1)) == 2**63 - 1
+    assert option.parse(str(-(2**63))) == -(2**63)
+    with pytest.raises(OptionError, match=r"option n: must be <= 9223372036854775807, not 9"):
+        option.parse(str(2**63))
+    with pytest.raises(OptionError, match=r"option n: must be >= -9223372036854775808, not -9"):
+        option.parse(str(-(2**63) - 1))
 
 
 def test_values_given_as_python_objects_are_checked_too() -> None:
