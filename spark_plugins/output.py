@@ -12,8 +12,6 @@ exactly like a local path.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -34,6 +32,9 @@ CSV_OPTIONS = {
     "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss'Z'",
     "nullValue": "",
     "escape": '"',  # a quote inside a quoted value is doubled (RFC 4180), not backslashed
+    # a value is written as it is: Spark's writer trims spaces, tabs, a CR... by default
+    "ignoreLeadingWhiteSpace": "false",
+    "ignoreTrailingWhiteSpace": "false",
 }
 CSV_TIMESTAMP = "%Y-%m-%dT%H:%M:%SZ"  # CSV_OPTIONS' timestampFormat, for rows written here
 
@@ -253,13 +254,30 @@ def _write_collected(
 def _csv_bytes(columns: list[str], rows: list[dict[str, Any]]) -> bytes:
     """Rows as CSV the way CSV_OPTIONS has Spark write them: a header, null as an empty
     field, timestamps as `2025-01-10T16:00:00Z`, booleans as `true`/`false`, NaN and
-    infinities as `NaN`, `Inf`, `-Inf`. Unlike Spark, an empty string is an empty field
-    too (Python's csv module quotes no empty field)."""
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows([_csv_field(row[c]) for c in columns] for row in rows)
-    return text.getvalue().encode()
+    infinities as `NaN`, `Inf`, `-Inf`; a value holding a comma, a quote, a CR or an LF
+    is quoted (RFC 4180), any other as it is, spaces and tabs included. Unlike Spark,
+    an empty string is an empty field too (as Python's csv module writes it)."""
+    lines = [_csv_line(columns)]
+    lines.extend(_csv_line([_csv_field(row[c]) for c in columns]) for row in rows)
+    return "".join(lines).encode()
+
+
+_CSV_QUOTED = frozenset(',"\r\n')  # what makes a value quoted (RFC 4180)
+
+
+def _csv_line(fields: list[Any]) -> str:
+    """One CSV record and its "\\n". Not Python's csv module: with that line end it leaves
+    a value with a bare CR unquoted (Python 3.11), and readers end the record there."""
+    texts = ["" if field is None else str(field) for field in fields]
+    if texts == [""]:
+        return '""\n'  # as the csv module: one empty field, not a blank line readers skip
+    return ",".join(_csv_quote(text) for text in texts) + "\n"
+
+
+def _csv_quote(text: str) -> str:
+    if _CSV_QUOTED.isdisjoint(text):
+        return text
+    return '"' + text.replace('"', '""') + '"'
 
 
 def _csv_field(value: Any) -> Any:

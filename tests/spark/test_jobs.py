@@ -548,6 +548,46 @@ def test_a_collected_table_is_written_as_spark_writes_one(spark: Any, tmp_path: 
     assert spark.read.parquet(paths["t.parquet"]).collect() == df.orderBy("hour", "app").collect()
 
 
+def test_both_csv_writers_keep_carriage_returns_and_edge_whitespace(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A text value with a bare CR, a CRLF or an LF is quoted (RFC 4180) and one with
+    leading or trailing spaces or tabs is written as it is, by the driver and by Spark
+    alike: a CSV reader gets every value back exactly, as the Parquet files hold it."""
+    import csv
+    import io
+
+    from spark_plugins.output import write_table
+
+    apps = [
+        "cr\rapp",
+        "crlf\r\napp",
+        "lf\napp",
+        "ends in cr\r",
+        " spaced ",
+        "\ttab",
+        "trail\t",
+        "  both \t ",
+        'app "b", west',
+        "plain",
+    ]
+    df = spark.createDataFrame(list(enumerate(apps)), "id LONG, app STRING")
+
+    paths, _ = write_table(df, str(tmp_path / "driver"), "t", ["id"], collect=True)
+    spark_paths, _ = write_table(df, str(tmp_path / "spark"), "t", ["id"])
+
+    driver_csv = Path(paths["t.csv"]).read_bytes()
+    spark_csv = Path(spark_paths["t.csv"]).read_bytes()
+    assert b'0,"cr\rapp"\n' in driver_csv
+    assert b"4, spaced \n" in spark_csv
+    assert driver_csv == spark_csv
+    for written in (driver_csv, spark_csv):
+        read = list(csv.reader(io.StringIO(written.decode(), newline="")))
+        assert read == [["id", "app"], *([str(i), app] for i, app in enumerate(apps))]
+    for path in (paths["t.parquet"], spark_paths["t.parquet"]):
+        assert pq.read_table(path).column("app").to_pylist() == apps
+
+
 def test_sql_conf_puts_back_what_was_there_even_after_an_error(spark: Any) -> None:
     from spark_plugins.session import sql_conf
 
