@@ -41,6 +41,10 @@ class UsageError(Exception):
     """A user mistake outside the config file (bad argument, unreadable input file)."""
 
 
+class OutputError(Exception):
+    """Standard output cannot be written (a full disk, closed): the command stops."""
+
+
 class DatabaseError(Exception):
     """The database could not be reached or used (exit status 1); `str()` is one line."""
 
@@ -342,15 +346,16 @@ def cmd_receipts_cat(args: argparse.Namespace, context: CommandContext) -> int:
 
     paths = [Path(p) for p in args.paths] or [context.load().settings.receipts.directory]
     for path in paths:
-        if not path.exists():
-            raise UsageError(f"{path}: no such file or directory")
+        _check_exists(path)
+    if sys.stdout is None:
+        raise OutputError("stdout is closed")
     problems: list[ReceiptFileError] = []
     files: list[Path] = []
     for path in paths:
         files += published_files(path, problems.append) if path.is_dir() else [path]
     for problem in problems:
         print(f"pushgw: {problem}", file=sys.stderr)
-    out = sys.stdout.buffer
+    out = _Stdout(sys.stdout.buffer)  # sys.stdout is main's _Stdout: its raw buffer
     for file in files:
         try:
             copy_receipts(file, out)
@@ -359,6 +364,16 @@ def cmd_receipts_cat(args: argparse.Namespace, context: CommandContext) -> int:
             print(f"pushgw: {exc}", file=sys.stderr)
             problems.append(exc)
     return EXIT_FAILED if problems else 0
+
+
+def _check_exists(path: Path) -> None:
+    """A path given on the command line can be looked at: else a usage error."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file or directory") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or type(exc).__name__}") from None
 
 
 def cmd_simulate(args: argparse.Namespace, _ctx: Any) -> int:
@@ -519,25 +534,68 @@ def _stdout_closed() -> int:
     """The reader of stdout went away (`pushgw spark list | head -1`): stop quietly.
 
     Python ignores SIGPIPE, so a write into a closed pipe raises BrokenPipeError; the
-    shell convention is to end as SIGPIPE would, without a word. What is still buffered
-    for stdout goes to /dev/null, else the interpreter's own flush at exit fails again.
+    shell convention is to end as SIGPIPE would, without a word.
     """
-    with contextlib.suppress(OSError, ValueError):
+    _discard_stdout()
+    return EXIT_BROKEN_PIPE
+
+
+def _discard_stdout() -> None:
+    """What is still buffered for stdout goes to /dev/null, else the interpreter's own
+    flush at exit fails again (and says so)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    return EXIT_BROKEN_PIPE
+
+
+class _Stdout:
+    """Standard output whose write failures, other than a reader gone away (handled
+    apart), are `OutputError`: a full disk is then one line, not a traceback from
+    whichever `print()` hit it. Text or binary, as the stream it wraps."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self._raw.write(data))
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc.strerror or type(exc).__name__) from None
+
+    def flush(self) -> None:
+        try:
+            self._raw.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc.strerror or type(exc).__name__) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status (docs/cli.md)."""
+    stdout = sys.stdout
+    if stdout is not None:  # None when started with stdout closed: print() is a no-op
+        sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:
         try:
             return _run_command(argv)
         finally:
-            sys.stdout.flush()  # here, not at exit, so that a reader gone away is seen
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, not at exit, so that a reader gone away is seen
     except BrokenPipeError:
         return _stdout_closed()
+    except OutputError as exc:
+        _discard_stdout()
+        print(f"pushgw: error: cannot write to stdout: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        sys.stdout = stdout
 
 
 def _run_command(argv: Sequence[str] | None) -> int:

@@ -19,7 +19,12 @@ from gateway.core.push import ProviderKind
 # Hex HMAC-SHA256 of the token, as receipts carry it.
 TOKEN_HASH = r"^[0-9a-f]{64}$"
 
-NonEmpty = Annotated[str, Field(min_length=1)]
+# No control characters (newline, tab, NUL...): the values are printed one line each,
+# stored in the database (PostgreSQL refuses NUL) and handed to the plugins.
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+
+Text = Annotated[str, Field(pattern=NO_CONTROL)]
+NonEmpty = Annotated[str, Field(min_length=1, pattern=NO_CONTROL)]
 
 
 class DeadTokenFileError(ValueError):
@@ -39,7 +44,7 @@ class DeadToken(BaseModel):
     app_id: NonEmpty
     token_hash: Annotated[str, Field(min_length=1, pattern=TOKEN_HASH)]
     provider: ProviderKind | None = None
-    reason: str | None = None
+    reason: Text | None = None
     failures: Annotated[int, Field(ge=0)] | None = None
     last_seen: float | None = None  # unix seconds
 
@@ -122,6 +127,8 @@ def _problem(error: ErrorDetails) -> str:
             "token_hash: must be 64 lowercase hex characters, the receipts' keyed "
             f"HMAC-SHA256 (got {len(value)} characters)"
         )
+    if field in ("plugin", "app_id", "reason") and kind == "string_pattern_mismatch":
+        return f"{field}: must not hold control characters (newline, tab, NUL...)"
     if field in ("plugin", "app_id", "token_hash"):
         got = {"missing": "missing", "string_too_short": "empty"}.get(kind)
         return f"{field}: must be a non-empty string ({got or f'a {_json_type(value)}'})"

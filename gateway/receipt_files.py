@@ -12,13 +12,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 from gateway.core.receipts import record_line
 
 PUBLISHED_SUFFIXES = (".jsonl", ".parquet")
 _CHUNK = 1 << 20
 _PARQUET_MAGIC = b"PAR1"  # the first (and last) bytes of every Parquet file
+
+
+class Output(Protocol):
+    """Where `copy_receipts` writes: a binary stream."""
+
+    def write(self, data: bytes, /) -> object: ...
 
 
 class ReceiptFileError(Exception):
@@ -37,14 +43,24 @@ def published_files(
     """
     found = [
         path
-        for path in _walk(directory, on_error)
+        for path in _walk(directory, on_error, set())
         if path.suffix in PUBLISHED_SUFFIXES and path.is_file()
     ]
     return sorted(found, key=lambda path: (path.name, str(path)))
 
 
-def _walk(directory: Path, on_error: Callable[[ReceiptFileError], None] | None) -> Iterator[Path]:
+def _walk(
+    directory: Path,
+    on_error: Callable[[ReceiptFileError], None] | None,
+    seen: set[tuple[int, int]],
+) -> Iterator[Path]:
+    """The entries under `directory`; a directory reached again through a symbolic link
+    (a loop, or two links to one place) is read once."""
     try:
+        info = directory.stat()
+        if (info.st_dev, info.st_ino) in seen:
+            return
+        seen.add((info.st_dev, info.st_ino))
         entries = sorted(directory.iterdir())
     except OSError as exc:
         error = ReceiptFileError(f"{directory}: {_why(exc)}")
@@ -56,12 +72,12 @@ def _walk(directory: Path, on_error: Callable[[ReceiptFileError], None] | None) 
         if entry.name.startswith((".", "_")):
             continue
         if entry.is_dir():
-            yield from _walk(entry, on_error)
+            yield from _walk(entry, on_error, seen)
         else:
             yield entry
 
 
-def copy_receipts(path: Path, out: BinaryIO) -> None:
+def copy_receipts(path: Path, out: Output) -> None:
     """Write the receipts of one file to `out` as JSON Lines (see `receipt_chunks`).
 
     Only reading the file raises ReceiptFileError; an error writing `out` (a reader gone

@@ -65,6 +65,19 @@ def test_a_closed_stdout_ends_the_command_quietly_with_141(args: list[str]) -> N
     assert (result.returncode, result.stderr) == (141, "")
 
 
+@pytest.mark.parametrize("args", [["spark", "list"], ["plugins"]])
+def test_a_full_stdout_is_one_line_and_status_1(args: list[str]) -> None:
+    """`pushgw plugins > /dev/full`: the error, not a traceback at the last flush."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [*PUSHGW, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    assert (result.returncode, result.stderr) == (
+        1,
+        "pushgw: error: cannot write to stdout: No space left on device\n",
+    )
+
+
 def test_plugins_lists_the_builtins() -> None:
     result = run("plugins", "--json")
     assert result.returncode == 0, result.stderr

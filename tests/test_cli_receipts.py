@@ -209,3 +209,46 @@ def test_a_closed_stdout_ends_quietly_with_141(tmp_path: Path) -> None:
     finally:
         os.close(write_end)
     assert (result.returncode, result.stderr) == (141, "")
+
+
+def test_a_directory_reached_again_through_a_link_is_read_once(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    receipts = tmp_path / "receipts"
+    receipts.mkdir()
+    (receipts / "receipts-20250101T000000Z-1-0001.jsonl").write_bytes(b'{"v":1}\n')
+    (receipts / "loop").symlink_to("..")  # back to receipts/ (its parent: also once)
+    (receipts / "again").symlink_to(".")
+    assert cat(capfdbinary, str(receipts)) == (0, b'{"v":1}\n', "")
+
+
+def test_a_path_that_cannot_be_looked_at_is_a_usage_error(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    long_name = tmp_path / ("a" * 300)
+    assert cat(capfdbinary, str(long_name)) == (
+        2,
+        b"",
+        f"pushgw: error: {long_name}: File name too long\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("redirect", "why"),
+    [(">/dev/full", "No space left on device"), (">&-", "stdout is closed")],
+)
+def test_stdout_that_cannot_be_written_is_one_line(
+    tmp_path: Path, redirect: str, why: str
+) -> None:
+    receipts = write(varied_receipts(), tmp_path / "receipts", "parquet")
+    command = " ".join([*PUSHGW, "receipts", "cat", str(receipts)])
+    result = subprocess.run(
+        ["sh", "-c", f"exec {command} {redirect}"],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"pushgw: error: cannot write to stdout: {why}\n",
+    )

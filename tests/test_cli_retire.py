@@ -83,6 +83,10 @@ BAD_LINES: list[Any] = [
     (record(provider=["apns"]), 'provider: must be "apns", "fcm" or null, not ["apns"]'),
     pytest.param("[" * 100_000, "not a dead-token record (JSON nested too deeply)", id="deep"),
     (record(reason=42), "reason: must be a string or null (a number)"),
+    # printed one line each, stored (PostgreSQL refuses NUL), handed to plugins
+    (record(app_id="x\npushgw: retired 99 tokens"), "app_id: must not hold control characters"),
+    (record(plugin="sam\tple"), "plugin: must not hold control characters"),
+    (record(reason="Unregistered\u0000x"), "reason: must not hold control characters"),
     (record(failures="2"), "failures: must be a whole number"),
     (record(last_seen=True), "last_seen: must be a number"),
 ]
