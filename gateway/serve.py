@@ -5,8 +5,13 @@ prometheus-client starts in multi-process mode and `/metrics` on any worker repo
 the sum over all of them. Migrations run once, in the parent, before workers start.
 
 The port is bound before anything starts (migrations, provider clients, workers): a
-port in use, a host that is not local, a privileged port is one line (`ServeError`,
-exit status 2), and a database that does not answer is one line too (exit status 1).
+port in use, a host that is not local or no host name, a privileged port is one line
+(`ServeError`, exit status 2), and a database that does not answer is one line too
+(exit status 1). `server.metrics_port` is checked then, and held (`reserve`) until the
+metrics site listens, so that no other process takes it while the gateway starts.
+
+Workers load the configuration as the parent did (its file, `PUSHGW__...` variables)
+and are told by an argument, not by the environment, that the parent has migrated.
 
 With several workers the gateway runs with all of them or not at all: a worker that
 exits before SIGTERM or SIGINT came to the parent (it could not listen, a plugin
@@ -79,6 +84,7 @@ def _serve(
     loaded = load_gateway(config, data=data)  # validate before anything starts
     server = loaded.settings.server
     host = host or server.host
+    port_from = "server.port" if port is None else "--port"
     port = port if port is not None else server.port
     workers = workers if workers is not None else server.workers
     if not 0 <= port <= 65535:
@@ -87,16 +93,25 @@ def _serve(
         raise ServeError(f"workers must be at least 1, not {workers}")
     if port == 0 and workers > 1:
         raise ServeError("port 0 (any free port) would give each worker its own port: give a port")
-    if server.metrics_port is not None:
-        for sock in listen(server.host, server.metrics_port, reuse_port=False, what="/metrics"):
-            sock.close()  # only checked here: the metrics site binds it itself
+    metrics_port = server.metrics_port
+    if metrics_port is not None:
+        if not 1 <= metrics_port <= 65535:
+            raise ServeError(f"server.metrics_port must be 1 to 65535, not {metrics_port}")
+        if metrics_port == port:
+            raise ServeError(f"server.metrics_port must differ from {port_from} ({port})")
+        # Free for us alone (a process listening with SO_REUSEPORT too would share it):
+        for sock in listen(server.host, metrics_port, reuse_port=False, what="/metrics"):
+            sock.close()
     if workers == 1:
-        socks = listen(host, port, reuse_port=False)
+        held: list[socket.socket] = []
+        socks: list[socket.socket] = []
         try:
+            held = _hold_metrics_port(loaded)
+            socks = listen(host, port, reuse_port=False)
             _check_database(loaded)
-            _run_loaded(loaded, socks)
+            _run_loaded(loaded, socks, held)
         finally:
-            for sock in socks:
+            for sock in [*socks, *held]:
                 sock.close()
         return 0
     for sock in listen(host, port, reuse_port=False):
@@ -107,10 +122,14 @@ def _serve(
         _check_database(loaded)
     metrics_dir = tempfile.mkdtemp(prefix="pushgw-metrics-")
     os.environ[MULTIPROC_ENV] = metrics_dir
-    os.environ["PUSHGW__STORE__AUTO_UPGRADE"] = "false"  # done above, once
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_run_worker, args=(config, data, host, port, i), name=f"pushgw-{i}")
+        ctx.Process(
+            target=_run_worker,
+            args=(config, data, host, port, i),
+            kwargs={"migrated": True},  # done above, once
+            name=f"pushgw-{i}",
+        )
         for i in range(workers)
     ]
     stop_signal: int | None = None
@@ -210,13 +229,37 @@ def _stop(procs: Sequence[BaseProcess], grace: float) -> None:
 def listen(host: str, port: int, *, reuse_port: bool, what: str = "") -> list[socket.socket]:
     """Listening sockets on every address `host` resolves to, as aiohttp would bind them.
 
-    Raises ServeError naming host and port when any of them cannot be bound.
+    Raises ServeError naming host and port when any of them cannot be bound, or when
+    `host` is no host name (an empty label, one over 63 characters).
     """
+    return _bind(host, port, what, reuse_address=True, reuse_port=reuse_port, backlog=BACKLOG)
+
+
+def reserve(host: str, port: int, *, what: str = "") -> list[socket.socket]:
+    """Sockets bound on every address `host` resolves to, not listening: they hold the port.
+
+    Bound with SO_REUSEPORT but not SO_REUSEADDR, they keep any other process from binding
+    the port (with SO_REUSEADDR or not), while a socket of this user with SO_REUSEPORT, as
+    aiohttp's `TCPSite(reuse_port=True)` binds, can. Not listening, they are given no
+    connection. Close them once that socket listens. Raises ServeError as `listen` does.
+    """
+    return _bind(host, port, what, reuse_address=False, reuse_port=True, backlog=None)
+
+
+def _bind(
+    host: str, port: int, what: str, *, reuse_address: bool, reuse_port: bool, backlog: int | None
+) -> list[socket.socket]:
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     shown = f"{shown} ({what})" if what else shown
-    socks: list[socket.socket] = []
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise ServeError(f"cannot listen on {shown}: {_reason(exc)}") from None
+    except ValueError as exc:  # UnicodeError: the IDNA codec refused a label of `host`
+        cause = exc.__cause__ if isinstance(exc.__cause__, ValueError) else exc
+        raise ServeError(f"cannot listen on {shown}: not a valid host name ({cause})") from None
+    socks: list[socket.socket] = []
+    try:
         seen = set()
         for family, kind, proto, _, address in infos:
             if (family, address) in seen:
@@ -224,19 +267,48 @@ def listen(host: str, port: int, *, reuse_port: bool, what: str = "") -> list[so
             seen.add((family, address))
             sock = socket.socket(family, kind, proto)
             socks.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_address:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if reuse_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
-            sock.listen(BACKLOG)
-    except OSError as exc:
+            if backlog is not None:
+                sock.listen(backlog)
+    except (OSError, ValueError) as exc:
         for sock in socks:
             sock.close()
-        reason = exc.strerror or str(exc)
-        raise ServeError(f"cannot listen on {shown}: {reason[:1].lower()}{reason[1:]}") from None
+        reason = _reason(exc) if isinstance(exc, OSError) else str(exc)
+        raise ServeError(f"cannot listen on {shown}: {reason}") from None
     return socks
+
+
+def _reason(exc: OSError) -> str:
+    """`Address already in use` as the end of one line: `address already in use`."""
+    reason = exc.strerror or str(exc)
+    return f"{reason[:1].lower()}{reason[1:]}"
+
+
+def _hold_metrics_port(loaded: LoadedGateway) -> list[socket.socket]:
+    """`server.metrics_port`, held (`reserve`) until the metrics site listens on it.
+
+    The site starts last, after the database, the provider clients and plugin services:
+    a port taken in between would end start-up in a traceback. `_run_loaded` lets go
+    of the sockets once the site listens.
+    """
+    server = loaded.settings.server
+    if server.metrics_port is None:
+        return []
+    try:
+        return reserve(server.host, server.metrics_port, what="/metrics")
+    except ServeError:
+        # A reservation fails where the site would bind in one case: a connection of an
+        # earlier socket without SO_REUSEPORT in TIME_WAIT. Check as the site binds, and
+        # hold nothing then.
+        for sock in listen(server.host, server.metrics_port, reuse_port=True, what="/metrics"):
+            sock.close()
+        return []
 
 
 def _check_database(loaded: LoadedGateway) -> None:
@@ -273,20 +345,55 @@ def _run_worker(
     host: str,
     port: int,
     index: int = 0,
+    *,
+    migrated: bool = False,
 ) -> None:
+    """One of `--workers N`: its errors are one line each, as `pushgw serve`'s own.
+
+    `migrated`: the parent migrated the database (or checked it): don't, whatever
+    `store.auto_upgrade` says.
+    """
     os.environ[WORKER_ENV] = str(index)  # one-per-gateway services run in worker 0 only
 
     from gateway.app import load_gateway
+    from gateway.cli import EXIT_FAILED, EXIT_USAGE, DatabaseError
+    from gateway.config import ConfigError
 
+    socks: list[socket.socket] = []
+    held: list[socket.socket] = []
     try:
+        loaded = load_gateway(config, data=data)
+        if migrated:
+            _without_auto_upgrade(loaded)
         socks = listen(host, port, reuse_port=True)
+        held = _hold_metrics_port(loaded)
+        _run_loaded(loaded, socks, held)
+    except ConfigError as exc:
+        print(f"pushgw: config error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
     except ServeError as exc:
         print(f"pushgw: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    _run_loaded(load_gateway(config, data=data), socks)
+        sys.exit(EXIT_USAGE)
+    except DatabaseError as exc:
+        print(f"pushgw: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILED)
+    finally:
+        for sock in [*socks, *held]:
+            sock.close()
 
 
-def _run_loaded(loaded: LoadedGateway, socks: list[socket.socket]) -> None:
+def _without_auto_upgrade(loaded: LoadedGateway) -> None:
+    """Run `loaded` with `store.auto_upgrade` off (what plugins see in `settings` too)."""
+    settings = loaded.settings
+    store = settings.store.model_copy(update={"auto_upgrade": False})
+    loaded.settings = loaded.runtime.settings = settings.model_copy(update={"store": store})
+
+
+def _run_loaded(
+    loaded: LoadedGateway, socks: list[socket.socket], held: Sequence[socket.socket] = ()
+) -> None:
+    """Run the gateway on `socks` until SIGTERM or SIGINT; `held` (`_hold_metrics_port`)
+    is closed once the application has started, its metrics site listening."""
     from aiohttp import web
 
     from gateway import logs
@@ -299,6 +406,13 @@ def _run_loaded(loaded: LoadedGateway, socks: list[socket.socket]) -> None:
     asyncio.set_event_loop(loop)
     where = f"pushgw {os.getpid()} ({type(loop).__module__.split('.')[0]} loop)"
     app = create_app(loaded)
+    if held:
+
+        async def let_go(_app: web.Application) -> None:
+            for sock in held:
+                sock.close()
+
+        app.on_startup.append(let_go)  # runs once the cleanup contexts (its site) started
     web.run_app(
         app,
         loop=loop,
@@ -311,6 +425,7 @@ def _run_loaded(loaded: LoadedGateway, socks: list[socket.socket]) -> None:
 
 def _start_simulators(state_dir: Path) -> subprocess.Popen[bytes]:
     """Start `pushgw simulate` in a child process and wait until its files are written."""
+    _check_state_dir(state_dir)
     ready = state_dir / SIMULATOR_READY_FILE
     ready.unlink(missing_ok=True)
     proc = subprocess.Popen(
@@ -324,3 +439,22 @@ def _start_simulators(state_dir: Path) -> subprocess.Popen[bytes]:
         time.sleep(0.05)
     print(f"simulators: {json.dumps(json.loads(ready.read_text()))}", file=sys.stderr)
     return proc
+
+
+def _check_state_dir(state_dir: Path) -> None:
+    """`--with-simulators DIR`: a directory (made when missing) that files can be written
+    into, else ServeError naming it."""
+    shown = f"--with-simulators {state_dir}"
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # something that is not a directory
+        raise ServeError(f"{shown}: not a directory") from None
+    except OSError as exc:
+        raise ServeError(f"{shown}: cannot create it: {_reason(exc)}") from None
+    if not state_dir.is_dir():
+        raise ServeError(f"{shown}: not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=state_dir):
+            pass
+    except OSError as exc:
+        raise ServeError(f"{shown}: cannot write into it: {_reason(exc)}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import re
@@ -312,3 +313,251 @@ def test_workers_ending_after_a_stop_signal_give_their_status(code: int, status:
     finally:
         for proc in procs:
             proc.join()
+
+
+# --- mistakes found before anything starts --------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["exa mple..com", "a" * 70 + ".example.com"])
+def test_a_host_that_is_no_host_name_is_one_line(tmp_path: Path, host: str) -> None:
+    path = write_config(tmp_path)
+    port = free_port()
+    result = run("serve", "--config", str(path), "--host", host, "--port", str(port))
+    assert result.returncode == 2, result.stderr
+    # The reason in parentheses is the IDNA codec's: `label empty or too long` in 3.11.
+    prefix = f"pushgw: error: cannot listen on {host}:{port}: not a valid host name ("
+    assert result.stderr.startswith(prefix)
+    assert result.stderr.endswith(")\n") and result.stderr.count("\n") == 1
+    assert not (tmp_path / "db.sqlite").exists()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_metrics_port_must_differ_from_the_port(tmp_path: Path, workers: str) -> None:
+    port = free_port()
+    path = write_config(tmp_path, port=port, metrics_port=port)
+    result = run("serve", "--config", str(path), "--workers", workers)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"pushgw: error: server.metrics_port must differ from server.port ({port})\n"
+    )
+    assert not (tmp_path / "db.sqlite").exists()  # found before the migrations
+
+
+def test_the_metrics_port_must_differ_from_the_port_given(tmp_path: Path) -> None:
+    port = free_port()
+    path = write_config(tmp_path, metrics_port=port)
+    result = run("serve", "--config", str(path), "--port", str(port))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"pushgw: error: server.metrics_port must differ from --port ({port})\n"
+
+
+def test_a_metrics_port_of_0_is_one_line(tmp_path: Path) -> None:
+    """Any free port for /metrics would be a port no one is told (nor the same in each
+    worker); out of 0 to 65535, server.metrics_port is a config error."""
+    path = write_config(tmp_path, metrics_port=0)
+    result = run("serve", "--config", str(path), "--port", "0")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "pushgw: error: server.metrics_port must be 1 to 65535, not 0\n"
+    assert not (tmp_path / "db.sqlite").exists()
+
+
+def test_the_metrics_port_is_held_during_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process cannot take the metrics port while the database is checked and the
+    application starts: the port is held from the check until the metrics site listens."""
+    metrics_port = free_port()
+    path = write_config(tmp_path, metrics_port=metrics_port)
+    taken: list[bool] = []
+
+    def another_process_binds(loaded: Any) -> None:
+        with socket.socket() as other:
+            try:
+                other.bind(("127.0.0.1", metrics_port))
+                other.listen()
+            except OSError:
+                taken.append(False)
+            else:
+                taken.append(True)
+
+    monkeypatch.setattr(serve, "_check_database", another_process_binds)
+    monkeypatch.setattr(serve, "_run_loaded", lambda *args, **kwargs: None)
+    assert serve.serve(config=str(path), data=None, host=None, port=0, workers=1) == 0
+    assert taken == [False]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_metrics_are_served_on_their_own_port(tmp_path: Path, workers: str) -> None:
+    port, metrics_port = free_port(), free_port()
+    path = write_config(tmp_path, port=port, metrics_port=metrics_port, shutdown_timeout=1)
+    proc = subprocess.Popen(
+        [*PUSHGW, "serve", "--config", str(path), "--workers", workers],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stderr is not None
+        running = 0
+        for line in proc.stderr:  # each worker announces itself once it listens
+            running += "Running on" in line
+            if running == int(workers):
+                break
+        else:
+            raise AssertionError("pushgw serve ended without listening")
+        for _ in range(4):  # any worker may answer; none hangs on a held port
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                assert response.status == 200
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+
+
+def test_a_worker_that_cannot_listen_on_the_metrics_port_says_so_in_one_line(
+    tmp_path: Path,
+    busy_port: int,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The parent checked the metrics port; another process took it before this worker.
+    data = yaml.safe_load(write_config(tmp_path, metrics_port=busy_port).read_text())
+    monkeypatch.setenv(WORKER_ENV, "1")
+    with pytest.raises(SystemExit) as exit:
+        serve._run_worker(None, data, "127.0.0.1", free_port(), 1)
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == (
+        f"pushgw: error: cannot listen on 127.0.0.1:{busy_port} (/metrics): "
+        "address already in use\n"
+    )
+
+
+# --- workers: the configuration as the parent loaded it, without a second migration ----
+
+
+def test_a_whole_section_variable_works_with_workers(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"sqlite+aiosqlite:///{tmp_path / 'w.db'}"
+    env = {
+        **os.environ,
+        "PUSHGW__STORE": json.dumps({"url": url}),
+        "PUSHGW__RECEIPTS": json.dumps({"directory": str(tmp_path / "receipts")}),
+        "PUSHGW__SERVER__SHUTDOWN_TIMEOUT": "1",
+    }
+    env.pop("PUSHGW_CONFIG", None)
+    proc = subprocess.Popen(
+        [*PUSHGW, "serve", "--workers", "2", "--port", str(port)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    seen = []
+    try:
+        assert proc.stderr is not None
+        running = 0
+        for line in proc.stderr:
+            seen.append(line)
+            running += "Running on" in line
+            if running == 2:
+                break
+        else:
+            raise AssertionError("pushgw serve ended without listening: " + "".join(seen))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, "".join(seen) + stderr
+    assert "Traceback" not in "".join(seen) + stderr
+    assert (tmp_path / "w.db").exists()  # migrated by the parent, from the variable
+
+
+def test_workers_do_not_migrate_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent migrated once: each worker runs with store.auto_upgrade off."""
+    ran: list[Any] = []
+    monkeypatch.setenv(WORKER_ENV, "0")
+    monkeypatch.setattr(serve, "_run_loaded", lambda loaded, *args, **kwargs: ran.append(loaded))
+    serve._run_worker(None, {}, "127.0.0.1", free_port(), 0, migrated=True)
+    (loaded,) = ran
+    assert loaded.settings.store.auto_upgrade is False
+    assert loaded.runtime.settings.store.auto_upgrade is False  # what plugins see
+
+
+def test_a_worker_with_a_config_error_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(WORKER_ENV, "1")
+    with pytest.raises(SystemExit) as exit:
+        serve._run_worker(None, {"server": {"nope": 1}}, "127.0.0.1", free_port(), 1)
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == ("pushgw: config error: server.nope: unknown key\n")
+
+
+def test_a_worker_with_a_database_error_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway import app
+    from gateway.cli import DatabaseError
+
+    def unreachable(*args: Any, **kwargs: Any) -> None:
+        raise DatabaseError("database sqlite+aiosqlite:///x.db: unable to open database file")
+
+    monkeypatch.setenv(WORKER_ENV, "1")
+    monkeypatch.setattr(app, "load_gateway", unreachable)
+    with pytest.raises(SystemExit) as exit:
+        serve._run_worker(None, {}, "127.0.0.1", free_port(), 1)
+    assert exit.value.code == 1
+    assert capsys.readouterr().err == (
+        "pushgw: error: database sqlite+aiosqlite:///x.db: unable to open database file\n"
+    )
+
+
+# --- --with-simulators DIR ----------------------------------------------------------
+
+
+def test_simulators_into_a_file_is_one_line(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    state = tmp_path / "some.yaml"
+    state.write_text("")
+    result = run("serve", "--config", str(path), "--port", "0", "--with-simulators", str(state))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"pushgw: error: --with-simulators {state}: not a directory\n"
+    assert not (tmp_path / "db.sqlite").exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ("some.yaml/simulators", "not a directory"),
+        ("/proc/nope", "no such file or directory"),
+    ],
+)
+def test_simulators_into_a_directory_that_cannot_be_made_is_one_line(
+    tmp_path: Path, state: str, reason: str
+) -> None:
+    path = write_config(tmp_path)
+    (tmp_path / "some.yaml").write_text("")
+    state = str(tmp_path / state)  # an absolute path stays as it is
+    result = run("serve", "--config", str(path), "--port", "0", "--with-simulators", state)
+    assert result.returncode == 2, result.stderr
+    assert (
+        result.stderr == f"pushgw: error: --with-simulators {state}: cannot create it: {reason}\n"
+    )
+    assert not (tmp_path / "db.sqlite").exists()
+
+
+def test_simulators_into_a_directory_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    state = Path("/sys")  # no one may create files there, root included
+    if not state.is_dir():
+        pytest.skip("no /sys here")
+    path = write_config(tmp_path)
+    result = run("serve", "--config", str(path), "--port", "0", "--with-simulators", str(state))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"pushgw: error: --with-simulators {state}: cannot write into it: "
+    )
+    assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "db.sqlite").exists()
