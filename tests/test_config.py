@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -96,6 +97,109 @@ def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
     path.write_text("server:\n  port: [1,\n")
     with pytest.raises(ConfigError, match=r"line \d+: invalid YAML"):
         load_settings(path)
+
+
+def test_top_level_key_that_is_not_a_string(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("1: x\nserver:\n  2: y\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value).splitlines() == [
+        f"{path}: 1: Keys should be strings",
+        f"{path}: server.2: Keys should be strings",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x: " + "[" * 5000 + "]" * 5000,  # beyond Python's recursion limit
+        "x: " + "[" * 100 + "]" * 100,  # 101 levels (pydantic's serializer stops at ~250)
+        "plugins:\n  enabled: []\n  x: &a {k: *a}",  # an alias inside itself
+    ],
+)
+def test_yaml_nested_too_deeply(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == (
+        f"{path}: the YAML document is nested too deeply (more than 100 levels)"
+    )
+    path.write_text("x: " + "[" * 99 + "]" * 99 + "\n")  # 100 levels, with the top one
+    with pytest.raises(ConfigError, match=r"x: unknown key$"):
+        load_settings(path)
+
+
+def test_yaml_aliases_that_expand_beyond_reason(tmp_path: Path) -> None:
+    lines = ["plugins:", "  enabled: []", "  x:", "    l0: &l0 [a, a, a, a, a, a, a, a, a, a]"]
+    lines += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 8)]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == (
+        f"{path}: the YAML document is too large (more than 1000000 values, aliases expanded)"
+    )
+
+
+@pytest.mark.parametrize("depth", [5000, 101])
+@pytest.mark.parametrize("name", ["PUSHGW__SERVER", "PUSHGW__PLUGINS__ENABLED"])
+def test_env_json_nested_too_deeply(monkeypatch: pytest.MonkeyPatch, name: str, depth: int) -> None:
+    deep = "[" * depth + "]" * depth
+    monkeypatch.setenv(name, '{"a": ' + deep + "}" if name == "PUSHGW__SERVER" else deep)
+    with pytest.raises(ConfigError) as err:
+        load_settings(data={})
+    assert str(err.value) == f"{name}: the JSON value is nested too deeply (more than 100 levels)"
+
+
+def test_env_json_nested_too_deeply_in_a_plugin_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Section(ConfigModel):
+        relays: list[str]
+
+    monkeypatch.setenv("PUSHGW__PLUGINS__X__RELAYS", "[" * 5000 + "]" * 5000)
+    settings = load_settings(data={})
+    with pytest.raises(ConfigError) as err:
+        validate_plugin_section(settings, "x", Section)
+    assert str(err.value) == (
+        "PUSHGW__PLUGINS__X__RELAYS: the JSON value is nested too deeply (more than 100 levels)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "problem"),
+    [
+        ([1], "the plugin's section must be a mapping, not a list"),
+        ("oops", "the plugin's section must be a mapping, not a string"),
+        (3, "the plugin's section must be a mapping, not a number"),
+    ],
+)
+def test_plugin_section_that_is_not_a_mapping(
+    tmp_path: Path, section: object, problem: str
+) -> None:
+    path = write(tmp_path / "c.yaml", {"plugins": {"enabled": ["matrix"], "matrix": section}})
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == f"{path}: plugins.matrix: {problem}"
+
+
+def test_empty_plugin_section_is_no_keys() -> None:
+    settings = load_settings(data={"plugins": {"enabled": ["matrix"], "matrix": None}})
+    assert settings.plugins.section("matrix") == {}
+
+
+@pytest.mark.parametrize(
+    ("port", "problem"),
+    [
+        (70000, "Input should be less than or equal to 65535"),
+        (-1, "Input should be greater than or equal to 0"),
+    ],
+)
+def test_metrics_port_is_a_port_number(port: int, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(data={"server": {"metrics_port": port}})
+    assert str(err.value) == f"server.metrics_port: {problem}"
+    assert load_settings(data={"server": {"metrics_port": 65535}}).server.metrics_port == 65535
 
 
 def test_unknown_enabled_plugin(tmp_path: Path) -> None:
@@ -193,10 +297,38 @@ def test_masked_keeps_url_shape_but_hides_passwords() -> None:
         ("postgresql+asyncpg://pushgw@db/pushgw", "postgresql+asyncpg://pushgw@db/pushgw"),
         ("https://host/path?email=a@b", "https://host/path?email=a@b"),
         ("not a url", "not a url"),
+        # unparsable, or a password with an unencoded "@": masked up to the last "@"
+        ("http://u:SECRET@[::1/", "http://u:***@[::1/"),
+        ("http://u:SEC@RET@proxy:3128", "http://u:***@proxy:3128"),
+        (
+            "postgresql+asyncpg://postgres:p@ss@127.0.0.1/test",
+            "postgresql+asyncpg://postgres:***@127.0.0.1/test",
+        ),
+        ("postgresql+asyncpg://u:p@s/s@h:5432/db", "postgresql+asyncpg://u:***@h:5432/db"),
+        ("http://me@example.com:PW@proxy:3128", "http://me@example.com:***@proxy:3128"),
     ],
 )
 def test_mask_url(url: str, expected: str) -> None:
     assert mask_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    "password", ["S3cretPW", "SEC@RET", "abc@def/ghi", "xyz@qrs?tuv", "pqr:wst@dfg#hij"]
+)
+@pytest.mark.parametrize(
+    "template",
+    [
+        "http://u:{}@proxy:3128",
+        "http://u:{}@[::1/",
+        "postgresql+asyncpg://pushgw:{}@db.example:5432/pushgw?ssl=require",
+        "wss://user:{}@relay.example/inbox?x=a@b",
+    ],
+)
+def test_mask_url_never_shows_any_part_of_a_password(template: str, password: str) -> None:
+    shown = mask_url(template.format(password))
+    assert shown.startswith(template.partition("{}")[0].rstrip(":") + ":***@"), shown
+    for part in password.split("@"):
+        assert part not in shown, shown
 
 
 def test_masked_plugin_sections_mask_urls_too() -> None:
@@ -441,6 +573,112 @@ def test_store_url_supported(url: str) -> None:
     assert load_settings(data={"store": {"url": url}}).store.url == url
 
 
+PG = "postgresql+asyncpg://postgres@127.0.0.1/test"
+PG_ACCEPTS = (
+    "postgresql+asyncpg accepts: command_timeout, gsslib, host, krbsrvname, passfile, port, "
+    "prepared_statement_cache_size, ssl, target_session_attrs"
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        (
+            f"{PG}?sslmode=require",
+            f"unknown query parameter 'sslmode' (asyncpg's name for it is ssl); {PG_ACCEPTS}",
+        ),
+        (
+            f"{PG}?application_name=pushgw",
+            f"unknown query parameter 'application_name'; {PG_ACCEPTS}",
+        ),
+        (f"{PG}?timeout=10", f"unknown query parameter 'timeout'; {PG_ACCEPTS}"),
+        (
+            "sqlite+aiosqlite:///var/x.db?timeout=5",
+            "unknown query parameter 'timeout'; sqlite+aiosqlite accepts none",
+        ),
+        (
+            f"{PG}?ssl=true",
+            "query parameter ssl: expected disable, allow, prefer, require, verify-ca "
+            "or verify-full",
+        ),
+        (f"{PG}?ssl=require&ssl=disable", "query parameter ssl: given more than once"),
+        (
+            f"{PG}?target_session_attrs=master",
+            "query parameter target_session_attrs: expected any, primary, standby, "
+            "prefer-standby, read-write or read-only",
+        ),
+        (
+            f"{PG}?command_timeout=soon",
+            "query parameter command_timeout: expected a number of seconds greater than 0",
+        ),
+        (
+            f"{PG}?command_timeout=0",
+            "query parameter command_timeout: expected a number of seconds greater than 0",
+        ),
+        (
+            f"{PG}?prepared_statement_cache_size=-1",
+            "query parameter prepared_statement_cache_size: expected a whole number, 0 or more",
+        ),
+        (f"{PG}?gsslib=krb5", "query parameter gsslib: expected gssapi or sspi"),
+        # ports: in the URL and in its host and port query parameters
+        (
+            "postgresql+asyncpg://postgres@127.0.0.1:99999/test",
+            "port 99999 is out of range (0-65535)",
+        ),
+        ("postgresql+asyncpg://postgres@127.0.0.1:-1/test", "port -1 is out of range (0-65535)"),
+        (f"{PG}?host=db:70000", "query parameter host: port 70000 is out of range (0-65535)"),
+        (
+            f"{PG}?host=db1:5432&host=db2:65536",
+            "query parameter host: port 65536 is out of range (0-65535)",
+        ),
+        (
+            f"{PG}?host=db1,db2&port=5432,99999",
+            "query parameter port: port 99999 is out of range (0-65535)",
+        ),
+        (f"{PG}?port=pg", "query parameter port: expected port numbers (0-65535), comma-separated"),
+        (f"{PG}?host=db:pg", "query parameter host: expected HOST or HOST:PORT, comma-separated"),
+        (
+            f"{PG}?host=::1&host=db",
+            "query parameter host: expected HOST or HOST:PORT where host is repeated",
+        ),
+        # a password with an unencoded "@": never any part of it in the message
+        (
+            "postgresql+asyncpg://postgres:TopS@cret@127.0.0.1/test",
+            "more than one '@' after the user name: write an '@' in the password as %40",
+        ),
+        (
+            "postgresql+asyncpg://postgres:Top@Se?cret@127.0.0.1/test",
+            "more than one '@' after the user name: write an '@' in the password as %40",
+        ),
+    ],
+)
+def test_store_url_query_parameters_and_ports_are_checked(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(data={"store": {"url": url}})
+    assert str(err.value) == f"store.url: {problem}"
+    assert "cret" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"{PG}?ssl=require",
+        f"{PG}?ssl=verify-full&command_timeout=2.5&prepared_statement_cache_size=0",
+        f"{PG}?target_session_attrs=read-write&passfile=/run/secrets/pgpass",
+        f"{PG}?krbsrvname=postgres&gsslib=gssapi",
+        "postgresql+asyncpg://pushgw@/pushgw?host=/run/postgresql",
+        "postgresql+asyncpg://pushgw@/pushgw?host=db1:5432&host=db2:5433",
+        "postgresql+asyncpg://pushgw@/pushgw?host=db1,db2&port=5432,5433",
+        "postgresql+asyncpg://pushgw@/pushgw?host=::1",
+        "postgresql+asyncpg://pushgw@db:65535/pushgw",
+        "postgresql+asyncpg://me@example.com:pw@db/pushgw",
+        "postgresql+asyncpg://pushgw:p%40ss@db/pushgw",
+    ],
+)
+def test_store_url_query_parameters_the_driver_takes(url: str) -> None:
+    assert load_settings(data={"store": {"url": url}}).store.url == url
+
+
 # --- environment overrides -----------------------------------------------------------------
 
 
@@ -613,6 +851,20 @@ def test_secret_file_problems_name_the_key(
     with pytest.raises(ConfigError) as err:
         load_settings(path)
     assert str(err.value) == f"{path}: receipts.hmac_key_file: {problem}"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_path_that_is_not_a_regular_file(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    for name, kind in [("fifo", "a named pipe"), ("/dev/null", "a character device")]:
+        where = tmp_path / name
+        with pytest.raises(ConfigError) as err:
+            load_settings(data={"delivery": {"ca_file": str(where)}})
+        assert str(err.value) == f"delivery.ca_file: not a regular file ({kind})"
+    # a secret file: /dev/null (the named pipe, which a read would wait on: test_config_cli)
+    with pytest.raises(ConfigError) as err:
+        load_settings(data={"receipts": {"hmac_key_file": "/dev/null"}})
+    assert str(err.value) == "receipts.hmac_key_file: not a regular file (a character device)"
 
 
 def test_secret_and_secret_file_together_is_an_error(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,17 +19,41 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 from gateway.config.errors import _key_error
 
 
+def _file_problem(path: Path) -> str | None:
+    """Why `path` is not a regular file (without opening it), or None.
+
+    A named pipe, a device or a socket is refused before anything reads it: reading a
+    named pipe waits for a writer, for ever."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "file not found"
+    except OSError as exc:
+        return f"cannot read the file ({exc.strerror or type(exc).__name__})"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {
+        stat.S_ISFIFO: "a named pipe",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    kind = next((name for test, name in kinds.items() if test(mode)), "a special file")
+    return f"not a regular file ({kind})"
+
+
 def _existing_file(value: Path) -> Path:
     path = Path(value).expanduser()
-    if path.is_dir():
-        raise ValueError("is a directory, not a file")
-    if not path.is_file():
-        raise ValueError("file not found")
+    if problem := _file_problem(path):
+        raise ValueError(problem)
     return path
 
 
 ExistingFile = Annotated[Path, AfterValidator(_existing_file)]
-"""A path that must name a readable file at start-up ("file not found" otherwise)."""
+"""A path that must name a regular file at start-up ("file not found", "is a directory,
+not a file", "not a regular file (a named pipe)" otherwise)."""
 
 
 def _trust_store(path: Path) -> Path:
@@ -47,11 +72,14 @@ def read_secret_file(value: Any) -> str:
     """The secret in the file `value` names: UTF-8 text, trailing newlines stripped.
 
     Raises ValueError with a message fit for the operator (never the file's content):
-    not a path, no such file, a directory, unreadable, not UTF-8, or empty.
+    not a path, no such file, a directory, not a regular file (a named pipe would be
+    waited on for ever), unreadable, not UTF-8, or empty.
     """
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ValueError("expected the path of a file")
     path = Path(value).expanduser()
+    if problem := _file_problem(path):
+        raise ValueError(problem)
     try:
         data = path.read_bytes()
     except FileNotFoundError:

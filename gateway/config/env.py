@@ -23,7 +23,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from gateway.config.base import ConfigModel
-from gateway.config.errors import ConfigError
+from gateway.config.errors import ConfigError, nested_too_deeply, nesting_problem
 from gateway.config.sections import Origins, Settings
 
 ENV_PREFIX = "PUSHGW__"
@@ -133,6 +133,11 @@ def _env_value(candidates: list[Any] | None, raw: str, name: str) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError(nested_too_deeply("JSON value")) from None
+    problem = nesting_problem(value, "JSON value")
+    if problem:
+        raise ValueError(problem)
     if as_list and not isinstance(value, list) and not (as_object and isinstance(value, dict)):
         raise ValueError("expected a JSON array or comma-separated items")
     if as_object and not isinstance(value, dict) and not (as_list and isinstance(value, list)):

@@ -8,6 +8,7 @@ else the file. No message carries a secret.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
@@ -34,6 +35,45 @@ def _key_error(key: str, message: str) -> PydanticCustomError:
 
 Problem = tuple[tuple[str, ...], str]
 """A key path and what is wrong there."""
+
+MAX_DEPTH = 100
+"""Levels of nesting a YAML document or JSON value may have: far more than any config
+needs, far fewer than Python's recursion (the parsers) and pydantic's serializer
+(`check-config`) stand."""
+
+MAX_VALUES = 1_000_000
+"""Values a YAML document may hold once its aliases are expanded (a few aliases of
+aliases make billions)."""
+
+
+def nested_too_deeply(kind: str) -> str:
+    """The problem of a `kind` ("YAML document", "JSON value") nested too deeply, also
+    when its parser hits Python's recursion limit (RecursionError)."""
+    return f"the {kind} is nested too deeply (more than {MAX_DEPTH} levels)"
+
+
+def nesting_problem(value: Any, kind: str) -> str | None:
+    """What makes the parsed `value` (`kind`: "YAML document", "JSON value") unfit to be
+    configuration, or None: nested more than MAX_DEPTH levels (an alias inside itself
+    is nested without end), or more than MAX_VALUES values. Iterative, and bounded by
+    MAX_VALUES, so that it cannot fail or hang on what it checks."""
+    stack = [(value, 0)]
+    count = 0
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            return f"the {kind} is too large (more than {MAX_VALUES} values, aliases expanded)"
+        if isinstance(item, Mapping):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= MAX_DEPTH:
+            return nested_too_deeply(kind)
+        stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 def _format_errors(error: ValidationError, prefix: tuple[str, ...] = ()) -> list[Problem]:

@@ -13,7 +13,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gateway.config.env import _env_value, _merge, _target, environment_overrides
-from gateway.config.errors import ConfigError, _format_errors, config_error
+from gateway.config.errors import (
+    ConfigError,
+    Problem,
+    _format_errors,
+    config_error,
+    nested_too_deeply,
+    nesting_problem,
+)
 from gateway.config.sections import Settings
 
 CONFIG_ENV = "PUSHGW_CONFIG"
@@ -21,18 +28,24 @@ CONFIG_ENV = "PUSHGW_CONFIG"
 
 def yaml_document(data: bytes) -> Any:
     """The YAML document in a file's bytes (None when empty); `ValueError` saying what
-    is wrong in words an operator can act on: not UTF-8 (with the byte), or invalid YAML
-    (with the line)."""
+    is wrong in words an operator can act on: not UTF-8 (with the byte), invalid YAML
+    (with the line), or nested too deeply or too large (`nesting_problem`)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"not a YAML file: not UTF-8 text (byte {exc.start})") from None
     try:
-        return yaml.safe_load(text)
+        document = yaml.safe_load(text)
+    except RecursionError:  # PyYAML builds nested collections recursively
+        raise ValueError(nested_too_deeply("YAML document")) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
         raise ValueError(f"{where}invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    problem = nesting_problem(document, "YAML document")
+    if problem:
+        raise ValueError(problem)
+    return document
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -67,10 +80,17 @@ def load_settings(
     env = environment_overrides()
     merged = _merge(raw, env.data)
     # Relative paths inside the file are relative to the working directory, as in Sygnal.
+    # A top-level key YAML reads as a number (`1: x`) cannot be a keyword: reported as
+    # pydantic reports one further down (`server.1: Keys should be strings`).
+    problems: list[Problem] = [
+        ((str(key),), "Keys should be strings") for key in merged if not isinstance(key, str)
+    ]
     try:
-        settings = Settings(**merged)
+        settings = Settings(**{k: v for k, v in merged.items() if isinstance(k, str)})
     except ValidationError as exc:
-        raise config_error(_format_errors(exc), source, env.origins) from None
+        problems += _format_errors(exc)
+    if problems:
+        raise config_error(problems, source, env.origins)
     settings._env_origins = env.origins
     return settings
 

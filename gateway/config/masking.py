@@ -4,14 +4,12 @@
 
 from __future__ import annotations
 
-import contextlib
+import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode
 
 from pydantic import BaseModel
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from gateway.config.sections import Settings
 
@@ -50,25 +48,30 @@ def _mask(value: Any, key: str = "") -> Any:
     return mask_url(value)
 
 
+# A user name as SQLAlchemy reads one (anything up to the first ":" that is not a "/"),
+# then the ":" that starts the password. RFC 3986 allows less, but a password that some
+# reader would take as one is masked.
+_USER_AND_COLON = re.compile(r"[^:/]*:")
+
+
 def mask_url(value: str) -> str:
     """`value` with the password of a URL in it (and secret-named query values) masked.
 
     `postgresql+asyncpg://pushgw:S3cret@db/pushgw` -> `postgresql+asyncpg://pushgw:***@db/pushgw`:
     scheme, user, host and path stay, so that the output stays useful.
+
+    The password runs from the first ":" after the user name to the LAST "@": a password
+    with an unencoded "@" (`u:p@ss@db`) is masked whole, not cut at its first "@", and so
+    is one of a URL no parser reads (`http://u:pw@[::1/`). Everything between them is
+    masked when in doubt (an "@" in a path or query after a password, or after a port).
     """
     scheme, sep, rest = value.partition("://")
     if not sep:
         return value
-    password = None
-    # SQLAlchemy's reading first: its password runs to the first "@" (it may hold "/").
-    with contextlib.suppress(ArgumentError, ValueError):
-        password = make_url(value).password
-    if password is None:
-        with contextlib.suppress(ValueError):
-            password = urlsplit(value).password
-    if password is not None:
-        userinfo, _, rest = rest.partition("@")
-        rest = f"{userinfo.partition(':')[0]}:***@{rest}"
+    user = _USER_AND_COLON.match(rest)
+    last_at = rest.rfind("@")
+    if user and last_at >= user.end():
+        rest = f"{rest[: user.end()]}***{rest[last_at:]}"
     head, qmark, query = rest.partition("?")
     if qmark:
         fragment_sep = "#" if "#" in query else ""

@@ -8,17 +8,28 @@ validated against the plugin's model by `gateway.config.loading.validate_plugin_
 from __future__ import annotations
 
 import importlib.util
+import re
 import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from gateway.config.base import ConfigModel, TrustStore
+from gateway.config.errors import _key_error
+from gateway.config.store_url import port_problem, query_problem
 
 SUPPORTED_DATABASES = ("sqlite+aiosqlite", "postgresql+asyncpg")
 """SQLAlchemy drivers of `store.url` (the async drivers pushgw depends on)."""
@@ -31,7 +42,9 @@ class ServerConfig(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(5000, ge=0, le=65535)
     workers: int = Field(1, ge=1, description="Processes sharing the port (SO_REUSEPORT)")
-    metrics_port: int | None = Field(None, description="Serve /metrics on its own port")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve /metrics on its own port"
+    )
     shutdown_timeout: float = Field(10.0, ge=0, description="Drain deadline on shutdown")
     client_max_size: int = Field(1024 * 1024, ge=1024)
     event_loop: EventLoop = Field(
@@ -73,6 +86,18 @@ class StoreConfig(ConfigModel):
             raise ValueError(f"not a database URL: expected {expected}") from None
         if url.drivername not in SUPPORTED_DATABASES:
             raise ValueError(f"unsupported database driver {url.drivername!r}: expected {expected}")
+        # SQLAlchemy ends the password at its first "@" and takes the rest for the host:
+        # `u:p@ss@db` would connect to "ss@db" (and show "ss" in the error).
+        after_scheme = value.partition("://")[2]
+        userinfo = re.match(r"[^:/]*:[^@]*@", after_scheme)
+        if url.password is not None and userinfo and "@" in after_scheme[userinfo.end() :]:
+            raise ValueError(
+                "more than one '@' after the user name: write an '@' in the password as %40"
+            )
+        if url.port is not None and (problem := port_problem(url.port)):
+            raise ValueError(problem)
+        if problem := query_problem(url.drivername, url.query):
+            raise ValueError(problem)
         return value
 
 
@@ -136,11 +161,36 @@ class ReceiptsConfig(ConfigModel):
         return value
 
 
+def _kind(value: Any) -> str:
+    """What a YAML value is, in an operator's words."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
 class PluginsSection(BaseModel):
     """`plugins.enabled` plus one raw section per plugin, validated by the plugin's model."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     enabled: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_are_mappings(cls, data: Any) -> Any:
+        # A section left empty (`matrix:` with every key commented out) is None: no keys.
+        if isinstance(data, Mapping):
+            for name, section in data.items():
+                if name != "enabled" and not isinstance(section, Mapping | None):
+                    raise _key_error(
+                        str(name), f"the plugin's section must be a mapping, not {_kind(section)}"
+                    )
+        return data
 
     def section(self, name: str) -> dict[str, Any]:
         raw = (self.model_extra or {}).get(name)
