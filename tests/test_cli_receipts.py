@@ -237,9 +237,7 @@ def test_a_path_that_cannot_be_looked_at_is_a_usage_error(
     ("redirect", "why"),
     [(">/dev/full", "No space left on device"), (">&-", "stdout is closed")],
 )
-def test_stdout_that_cannot_be_written_is_one_line(
-    tmp_path: Path, redirect: str, why: str
-) -> None:
+def test_stdout_that_cannot_be_written_is_one_line(tmp_path: Path, redirect: str, why: str) -> None:
     receipts = write(varied_receipts(), tmp_path / "receipts", "parquet")
     command = " ".join([*PUSHGW, "receipts", "cat", str(receipts)])
     result = subprocess.run(
