@@ -126,9 +126,10 @@ def recheck_file(spark: SparkSession, uri: str) -> SkippedFile | None:
     jvm: Any = spark.sparkContext._jvm
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     try:
-        source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(
-            jvm.org.apache.hadoop.fs.Path(uri), conf
-        )
+        # From a java.net.URI: Spark lists files percent-encoded (`sp%20ace`), which
+        # Path(String) would take literally, and the file would look gone.
+        path = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(uri))
+        source = jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path, conf)
         reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(source)
     except Py4JJavaError as exc:
         if exc.java_exception.getClass().getName() == "java.io.FileNotFoundException":

@@ -2,16 +2,19 @@
 
 Input: every `*.jsonl` file under the receipts directory, recursively (so never the
 `*.jsonl.open` files still being written), and every `*.parquet` file (Parquet rollover).
+The directory is the one named, even when its name holds characters Hadoop's glob would
+expand, such as `r[1]` (`literal_path`).
 The schema is the documented one, given explicitly: nothing is inferred, unknown fields
 are ignored, as the compatibility rules of docs/receipts.md ask.
 
 Bad input is never fatal. A record is skipped and counted when its line is not JSON
 (malformed, truncated), when a required field is missing or has the wrong type, when its
 schema version `v` is not 1, or when a value is implausible (`_problems`: `ts` not a
-finite unix time in seconds from 2000 to 2099, `latency_ms` negative or not finite,
-`attempts` or `http_status` negative). Empty lines are ignored. Counting costs nothing
-extra: an `Observation` collects the number of records, of bad ones and the set of files
-holding them during the job's own first pass over the data.
+finite unix time in seconds from 2000 to 2099, `latency_ms` negative, not finite or
+above 30 days, `attempts` negative or above 2,147,483,647, `http_status` negative or
+above 999). Empty lines are ignored. Counting costs nothing extra: an `Observation`
+collects the number of records, of bad ones and the set of files holding them during
+the job's own first pass over the data.
 
 Spark's JSON source reads a line holding a JSON array of objects as one record per
 element (and `[]` as none); nothing cheap tells such records apart from one-object
@@ -95,6 +98,17 @@ SNIPPET = 200  # characters of a bad line shown in reports
 # in 1970 or in milliseconds makes an hourly series of millions of hours).
 TS_MIN = 946_684_800.0  # 2000-01-01T00:00:00Z
 TS_MAX = 4_102_444_800.0  # 2100-01-01T00:00:00Z
+# Upper bounds of the other numbers. Beyond them a value is garbage, not a receipt, and
+# would break the jobs: sums of `attempts` overflow a long ([ARITHMETIC_OVERFLOW]: two
+# receipts of 2**62 + 1 suffice) and sums of `latency_ms` a double (a mean of Infinity;
+# 1.7e308 also breaks the chart). Within them, sums stay far from overflowing: ten
+# million receipts at the bound sum to about 2.1e16 attempts (a long holds 9.2e18) and
+# 2.6e16 ms.
+ATTEMPTS_MAX = 2_147_483_647  # Java's int max: a push is never retried that often
+HTTP_STATUS_MAX = 999  # HTTP status codes have three digits
+# 30 days in milliseconds: the gateway never holds a push that long (its deadlines are
+# minutes to hours)
+LATENCY_MS_MAX = 2_592_000_000.0
 
 # Every built-in job's option for how many bad lines it lists (`Receipts.max_reported`).
 MAX_BAD_LINES = JobOption(
@@ -237,7 +251,10 @@ def _problems(r: Column) -> list[tuple[Column, str]]:
         missing = missing | r[name].isNull()
     ts, latency = r["ts"], r["latency_ms"]
     # Spark orders NaN above every number, +Infinity included: each range test below
-    # is false for NaN and for an infinity, with no test of its own.
+    # is false for NaN and for an infinity, with no test of its own. The first problem
+    # of a record names it (`_bad_reason`): the upper bounds come after the tests for
+    # not finite, so Infinity is "not finite", not "above".
+    http_status = r["http_status"]
     return [
         (missing, "a required field is missing"),
         (r["v"] != F.lit(SCHEMA_VERSION), f"schema version v is not {SCHEMA_VERSION}"),
@@ -249,12 +266,18 @@ def _problems(r: Column) -> list[tuple[Column, str]]:
             ~((latency >= F.lit(0.0)) & (latency < F.lit(float("inf")))),
             "latency_ms is negative or not finite",
         ),
+        (latency > F.lit(LATENCY_MS_MAX), f"latency_ms is above {LATENCY_MS_MAX:.0f} (30 days)"),
         (r["attempts"] < F.lit(0), "attempts is negative"),
+        (r["attempts"] > F.lit(ATTEMPTS_MAX), f"attempts is above {ATTEMPTS_MAX}"),
         # Also makes every job parse `http_status`, the one optional field a JSON value
         # can have the wrong type for (a string field takes any value as its text): Spark
         # converts only the fields a query uses, so that record would be bad for one job
         # and good for the next.
-        (r["http_status"].isNotNull() & (r["http_status"] < F.lit(0)), "http_status is negative"),
+        (http_status.isNotNull() & (http_status < F.lit(0)), "http_status is negative"),
+        (
+            http_status.isNotNull() & (http_status > F.lit(HTTP_STATUS_MAX)),
+            f"http_status is above {HTTP_STATUS_MAX}",
+        ),
     ]
 
 
@@ -283,6 +306,21 @@ def _bad_json(r: Column) -> Column:
     return r.isNull() | r[_CORRUPT].isNotNull() | _bad_record(r)
 
 
+# Hadoop's glob metacharacters (`GlobPattern`): Spark's file sources expand a path
+# holding one as a pattern, so a directory named `r[1]` would be looked for as `r1`.
+_GLOB_CHARS = frozenset("\\[]{}*?")
+
+
+def literal_path(path: str) -> str:
+    """`path` as Spark's file sources take it literally: each glob metacharacter escaped
+    with a backslash, which Hadoop's glob honours (`r[1]` -> `r\\[1\\]`). The files Spark
+    lists under it (`inputFiles`, `_metadata.file_path`) are named as usual, unescaped.
+    A local path on Windows is left as it is: Hadoop turns its backslashes into `/`."""
+    if os.name == "nt" and is_local(path):
+        return path
+    return "".join("\\" + c if c in _GLOB_CHARS else c for c in path)
+
+
 def _reader(spark: SparkSession, glob: str) -> Any:
     return (
         spark.read.option("recursiveFileLookup", "true")
@@ -308,8 +346,9 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
     parts: list[DataFrame] = []
     files: list[str] = []
     text_source: DataFrame | None = None
+    source = literal_path(path)  # the directory itself, never a pattern
 
-    text = _reader(spark, "*.jsonl").text(path)
+    text = _reader(spark, "*.jsonl").text(source)
     json_files = text.inputFiles()
     if json_files:
         files += json_files
@@ -322,7 +361,7 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
         # Spark's JSON source (2-3x faster than text + from_json: it parses straight
         # from the bytes and converts only the columns a job uses). Empty lines are no
         # records for it; they are ignored, not counted.
-        parsed = _reader(spark, "*.jsonl").schema(_JSON_DDL).options(**_JSON_OPTIONS).json(path)
+        parsed = _reader(spark, "*.jsonl").schema(_JSON_DDL).options(**_JSON_OPTIONS).json(source)
         record = F.struct(*[F.col(c) for c in (*COLUMNS, _CORRUPT)])
         parts.append(
             parsed.select(
@@ -339,7 +378,7 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
         _reader(spark, "*.parquet")
         .option("ignoreCorruptFiles", "true")
         .schema(RECEIPT_DDL)
-        .parquet(path)
+        .parquet(source)
     )
     parquet_uris = parquet.inputFiles()
     skipped: dict[str, SkippedFile] = {}

@@ -5,19 +5,52 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from spark_plugins.reader import TS_MAX, TS_MIN
 
 if TYPE_CHECKING:
     from spark_plugins.jobs import JobResult
 
 
-def _hours(rows: list[dict[str, Any]]) -> list[datetime]:
-    return [datetime.fromtimestamp(int(r["hour"]), tz=UTC) for r in rows]
+# The largest magnitude plotted: matplotlib's autoscaling and tick locators overflow on
+# values near the largest double (1.7e308: "arange: cannot compute length"). Far above
+# any count (a long is at most 9.2e18) or latency (30 days, reader.LATENCY_MS_MAX) of a
+# report, so only garbage is ever clipped.
+PLOT_LIMIT = 1e300
 
 
-def _col(rows: list[dict[str, Any]], name: str) -> list[float]:
-    return [float("nan") if r[name] is None else float(r[name]) for r in rows]
+def _hour(value: Any) -> datetime | None:
+    """The hour of an hourly row (epoch seconds), or None when no receipt can have it
+    (`reader.TS_MIN` to `TS_MAX`): matplotlib's date axis fails on years far out."""
+    try:
+        seconds = value.timestamp() if isinstance(value, datetime) else float(value)
+    except (TypeError, ValueError, OverflowError):  # None, or an int beyond a double
+        return None
+    if not TS_MIN <= seconds < TS_MAX:  # NaN too
+        return None
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _plotted(value: Any, scale: float = 1.0) -> float:
+    """A value as drawn: None and anything not finite is a gap (NaN, which matplotlib
+    skips), a finite value is clipped to +-PLOT_LIMIT."""
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a double: finite, clipped like one
+        number = PLOT_LIMIT if value > 0 else -PLOT_LIMIT
+    except (TypeError, ValueError):  # None
+        return math.nan
+    number *= scale
+    if not math.isfinite(number):
+        return math.nan
+    return max(-PLOT_LIMIT, min(PLOT_LIMIT, number))
+
+
+def _col(rows: list[dict[str, Any]], name: str, scale: float = 1.0) -> list[float]:
+    return [_plotted(r.get(name), scale) for r in rows]
 
 
 def chart_png(hourly: list[dict[str, Any]]) -> bytes:
@@ -28,19 +61,19 @@ def chart_png(hourly: list[dict[str, Any]]) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, (vol, rate, lat) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
-    if hourly:
-        hours = _hours(hourly)
-        ok = _col(hourly, "ok")
-        failed = [t - o for t, o in zip(_col(hourly, "total"), ok, strict=True)]
+    placed = [(hour, r) for r in hourly if (hour := _hour(r.get("hour"))) is not None]
+    if placed:
+        hours = [hour for hour, _ in placed]
+        rows = [r for _, r in placed]
+        ok = _col(rows, "ok")
+        failed = [_plotted(t - o) for t, o in zip(_col(rows, "total"), ok, strict=True)]
         # One hour wide, no edge, no antialiasing: hundreds of bars a few pixels wide
         # otherwise show irregular white seams between them.
         bars = {"width": 1 / 24, "linewidth": 0, "antialiased": False}
         vol.bar(hours, ok, color="#4c9a2a", label="ok", **bars)
         vol.bar(hours, failed, bottom=ok, color="#c0392b", label="not ok", **bars)
         vol.legend(loc="upper left")
-        rate.plot(
-            hours, [x * 100 for x in _col(hourly, "success_rate")], marker=".", color="#1f77b4"
-        )
+        rate.plot(hours, _col(rows, "success_rate", 100), marker=".", color="#1f77b4")
         rate.set_ylim(0, 101)
         for column, colour in (
             ("latency_p50", "#2ca02c"),
@@ -49,14 +82,15 @@ def chart_png(hourly: list[dict[str, Any]]) -> bytes:
         ):
             lat.plot(
                 hours,
-                _col(hourly, column),
+                _col(rows, column),
                 marker=".",
                 color=colour,
                 label=column.removeprefix("latency_"),
             )
         lat.legend(loc="upper left")
     else:
-        vol.text(0.5, 0.5, "no receipts", ha="center", va="center", transform=vol.transAxes)
+        empty = "no hours to plot" if hourly else "no receipts"
+        vol.text(0.5, 0.5, empty, ha="center", va="center", transform=vol.transAxes)
     vol.set_ylabel("pushes / hour")
     vol.set_title("Delivery volume (UTC hours)")
     rate.set_ylabel("success rate (%)")

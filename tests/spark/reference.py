@@ -13,12 +13,30 @@ STATUSES = ("ok", "token_invalid", "permanent", "auth", "throttled", "transient"
 
 
 def load(directory: Path) -> list[dict[str, Any]]:
-    """Every record of every `*.jsonl` file under `directory` (all lines must be valid)."""
+    """Every record of every `*.jsonl` file under `directory` (all lines must be JSON
+    objects; `plausible` tells the ones the jobs use)."""
     records = []
     for path in sorted(directory.rglob("*.jsonl")):
         with path.open(encoding="utf-8") as fh:
             records.extend(json.loads(line) for line in fh)
     return records
+
+
+REQUIRED = ("v", "ts", "push_id", "plugin", "app_id", "status", "attempts", "latency_ms")
+
+
+def plausible(r: dict[str, Any]) -> bool:
+    """Whether the jobs use a record, by the rules of docs/spark.md ("Input and bad
+    lines"), written out here on their own (not the reader's constants)."""
+    if any(r.get(name) is None for name in REQUIRED) or r["v"] != 1:
+        return False
+    status = r.get("http_status")
+    return (
+        946_684_800 <= r["ts"] < 4_102_444_800  # 2000 to 2099; false for NaN
+        and 0 <= r["latency_ms"] <= 30 * 24 * 3600 * 1000
+        and 0 <= r["attempts"] <= 2**31 - 1
+        and (status is None or 0 <= status <= 999)
+    )
 
 
 def hour(ts: float) -> int:

@@ -1,12 +1,15 @@
-"""Bad input is counted and reported, never fatal: implausible values, Parquet files
-Spark cannot read, JSON arrays on a line; and the end of the dead-token window.
+"""Bad input is counted and reported, never fatal: implausible values (too small and
+too large), Parquet files Spark cannot read, JSON arrays on a line; and the end of the
+dead-token window.
 
 Receipts come from the gateway's `ReceiptWriter` (`synthetic.write_with_receipt_writer`);
 lines no writer produces are the writer's own records, edited."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -27,6 +30,7 @@ from spark_plugins import (
     volume_anomalies,
 )
 from spark_plugins.reader import read_receipts
+from tests.spark import reference
 from tests.spark.conftest import START, receipt
 
 pytestmark = pytest.mark.spark
@@ -103,6 +107,97 @@ def test_implausible_values_are_bad_lines_not_failures(spark: Any, tmp_path: Pat
             assert words in rows.text
     hours = (tmp_path / "volume-anomalies" / "volume.csv").read_text().splitlines()[1:]
     assert {line[:4] for line in hours} == {"2025"}  # no series from 1970 or the year 5e4
+
+
+def _hourly(path: str) -> dict[int, dict[str, Any]]:
+    """The report's hourly table by hour (epoch seconds)."""
+    return {int(r["hour"].timestamp()): r for r in pq.read_table(path).to_pylist()}
+
+
+def _run_with_upper_bounds(
+    spark: Any, tmp_path: Path, lines: list[str], parquet: list[Receipt]
+) -> tuple[Any, Path, Path]:
+    """delivery-report (chart included) over 120 writer receipts, `lines` in a JSON Lines
+    file of their own, `parquet` written by the writer as Parquet: (result, lines' file,
+    Parquet file)."""
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(list(synthetic.receipts(120, seed=15)), receipts)
+    bounds = receipts / "node-b" / "bounds.jsonl"
+    bounds.parent.mkdir()
+    bounds.write_text("".join(line + "\n" for line in lines))
+    synthetic.write_with_receipt_writer(parquet, receipts / "node-c", file_format="parquet")
+    (written,) = (receipts / "node-c").glob("*.parquet")
+    options = delivery_report.JOB.resolve_options({})
+    result = delivery_report.JOB.run(spark, str(receipts), str(tmp_path / "out"), options)
+    # the report's numbers are those of the good receipts (JSON Lines: all but Parquet's)
+    records = reference.load(receipts)
+    good = [r for r in records if reference.plausible(r)]
+    assert len(records) - len(good) == result.input.bad - len(parquet)
+    hourly = _hourly(result.outputs["hourly.parquet"])
+    for hour, want in reference.delivery_hourly(good).items():
+        for name in ("total", "ok", "attempts", "retries", "retried", "latency_max"):
+            assert hourly[hour][name] == want[name], name
+        assert hourly[hour]["latency_mean"] == pytest.approx(want["latency_mean"], rel=1e-9)
+    assert Path(result.outputs["chart.png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return result, bounds, written
+
+
+def test_attempts_and_http_status_above_their_bounds_are_bad_lines(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Two receipts of 2**62 + 1 attempts in one group overflowed the report's sum (the
+    job died with [ARITHMETIC_OVERFLOW]), and `http_status` had no upper bound: above
+    2147483647 and 999 they are bad lines; the bounds themselves are good."""
+    model = receipt(START, Outcome.OK, token="a")
+    lines = [
+        _record_line(model, attempts=2**62 + 1),
+        _record_line(model, attempts=2**62 + 1),  # the same group: the sum overflowed
+        _record_line(model, attempts=2**31),
+        _record_line(model, http_status=1000),
+        _record_line(model, http_status=10**15),
+        _record_line(model, attempts=2**31 - 1),  # good from here on
+        _record_line(model, http_status=999),
+        _record_line(model, http_status=0),
+    ]
+    parquet = [
+        dataclasses.replace(model, attempts=2**62 + 1),
+        dataclasses.replace(model, attempts=2**62 + 1),
+        dataclasses.replace(model, status=1000),
+    ]
+    result, bounds, written = _run_with_upper_bounds(spark, tmp_path, lines, parquet)
+    stats = result.input
+    assert (stats.records, stats.bad) == (120 + 3, 5 + 3)
+    located = {(b.file, b.line) for b in stats.bad_lines if b.line is not None}
+    assert located == {(str(bounds), n) for n in range(1, 6)}
+    (rows,) = [b for b in stats.bad_lines if b.line is None]
+    assert rows.file == str(written)
+    assert rows.text == "(rows skipped: attempts is above 2147483647; http_status is above 999)"
+
+
+def test_latency_above_30_days_is_a_bad_line_not_a_broken_report(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A latency of 1.7e308 ms (finite) overflowed the sum (a mean of Infinity) and
+    broke the chart, failing the job: above 30 days it is a bad line; 30 days is good."""
+    model = receipt(START, Outcome.OK, token="a")
+    lines = [
+        _record_line(model, latency_ms=1.7e308),
+        _record_line(model, latency_ms=1.7e308),
+        _record_line(model, latency_ms=2_592_000_000.001),
+        _record_line(model, latency_ms=2_592_000_000.0),  # good
+    ]
+    parquet = [dataclasses.replace(model, latency=1.7e305)]  # seconds: 1.7e308 ms
+    result, bounds, written = _run_with_upper_bounds(spark, tmp_path, lines, parquet)
+    stats = result.input
+    assert (stats.records, stats.bad) == (120 + 1, 3 + 1)
+    located = {(b.file, b.line) for b in stats.bad_lines if b.line is not None}
+    assert located == {(str(bounds), n) for n in range(1, 4)}
+    (rows,) = [b for b in stats.bad_lines if b.line is None]
+    assert rows.file == str(written)
+    assert rows.text == "(rows skipped: latency_ms is above 2592000000 (30 days))"
+    hourly = _hourly(result.outputs["hourly.parquet"])
+    assert hourly[int(START)]["latency_max"] == 2_592_000_000.0
+    assert all(math.isfinite(r["latency_mean"]) for r in hourly.values())
 
 
 def _writer_parquet(directory: Path, n: int, seed: int) -> Path:
