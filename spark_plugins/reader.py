@@ -157,9 +157,10 @@ class Receipts:
     def stats(self) -> InputStats:
         """Counts of the pass that already ran over `df`, plus the located bad lines.
 
-        Call only after an action consumed all of `df` (otherwise this runs one itself;
+        Call only after an action consumed all of `df`: before any, it waits for one
+        (pyspark's `Observation.get` blocks until the observed DataFrame has run);
         after one that read part of it, such as a `limit`, the counts are partial and
-        unread Parquet files look skipped).
+        unread Parquet files look skipped.
         """
         if self._stats is not None:
             return self._stats
