@@ -95,8 +95,6 @@ def _serve(
         raise ServeError("port 0 (any free port) would give each worker its own port: give a port")
     metrics_port = server.metrics_port
     if metrics_port is not None:
-        if not 1 <= metrics_port <= 65535:
-            raise ServeError(f"server.metrics_port must be 1 to 65535, not {metrics_port}")
         if metrics_port == port:
             raise ServeError(f"server.metrics_port must differ from {port_from} ({port})")
         # Free for us alone (a process listening with SO_REUSEPORT too would share it):

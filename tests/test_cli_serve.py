@@ -353,11 +353,14 @@ def test_the_metrics_port_must_differ_from_the_port_given(tmp_path: Path) -> Non
 
 def test_a_metrics_port_of_0_is_one_line(tmp_path: Path) -> None:
     """Any free port for /metrics would be a port no one is told (nor the same in each
-    worker); out of 0 to 65535, server.metrics_port is a config error."""
+    worker): out of 1 to 65535, server.metrics_port is a config error."""
     path = write_config(tmp_path, metrics_port=0)
     result = run("serve", "--config", str(path), "--port", "0")
     assert result.returncode == 2, result.stderr
-    assert result.stderr == "pushgw: error: server.metrics_port must be 1 to 65535, not 0\n"
+    assert result.stderr == (
+        f"pushgw: config error: {path}: server.metrics_port: "
+        "Input should be greater than or equal to 1\n"
+    )
     assert not (tmp_path / "db.sqlite").exists()
 
 

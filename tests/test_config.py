@@ -192,7 +192,8 @@ def test_empty_plugin_section_is_no_keys() -> None:
     ("port", "problem"),
     [
         (70000, "Input should be less than or equal to 65535"),
-        (-1, "Input should be greater than or equal to 0"),
+        (0, "Input should be greater than or equal to 1"),  # any free port: shown nowhere
+        (-1, "Input should be greater than or equal to 1"),
     ],
 )
 def test_metrics_port_is_a_port_number(port: int, problem: str) -> None:

@@ -42,8 +42,9 @@ class ServerConfig(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(5000, ge=0, le=65535)
     workers: int = Field(1, ge=1, description="Processes sharing the port (SO_REUSEPORT)")
+    # Not 0: "any free port" would be a port no one is told, and another in each worker.
     metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Serve /metrics on its own port"
+        None, ge=1, le=65535, description="Serve /metrics on its own port"
     )
     shutdown_timeout: float = Field(10.0, ge=0, description="Drain deadline on shutdown")
     client_max_size: int = Field(1024 * 1024, ge=1024)
