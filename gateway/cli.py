@@ -549,6 +549,17 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
+@contextlib.contextmanager
+def _output_errors() -> Iterator[None]:
+    """An OSError writing stdout as `OutputError`; a reader gone away stays BrokenPipeError."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputError(exc.strerror or type(exc).__name__) from None
+
+
 class _Stdout:
     """Standard output whose write failures, other than a reader gone away (handled
     apart), are `OutputError`: a full disk is then one line, not a traceback from
@@ -558,20 +569,12 @@ class _Stdout:
         self._raw = raw
 
     def write(self, data: Any) -> int:
-        try:
+        with _output_errors():
             return int(self._raw.write(data))
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise OutputError(exc.strerror or type(exc).__name__) from None
 
     def flush(self) -> None:
-        try:
+        with _output_errors():
             self._raw.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise OutputError(exc.strerror or type(exc).__name__) from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)

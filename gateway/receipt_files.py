@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from gateway.core.receipts import record_line
 
 PUBLISHED_SUFFIXES = (".jsonl", ".parquet")
-_CHUNK = 1 << 20
+_CHUNK = 1 << 20  # bytes of a JSON Lines file read at once
 _PARQUET_MAGIC = b"PAR1"  # the first (and last) bytes of every Parquet file
 
 
@@ -88,7 +88,8 @@ def copy_receipts(path: Path, out: Output) -> None:
 
 
 def receipt_chunks(path: Path) -> Iterator[bytes]:
-    """The receipts of one file as JSON Lines, in pieces of up to about a megabyte.
+    """The receipts of one file as JSON Lines, in pieces: a megabyte of a JSON Lines
+    file, a batch of a Parquet file's rows.
 
     A Parquet file (told by its first bytes, whatever its name) gives its rows as the
     writer wrote them before converting them, byte for byte; any other file is given as
@@ -137,17 +138,8 @@ def _parquet_chunks(path: Path) -> Iterator[bytes]:
     from gateway.core import receipts_parquet
 
     try:
-        lines: list[str] = []
-        size = 0
-        for record in receipts_parquet.records(path):
-            line = record_line(record)
-            lines.append(line)
-            size += len(line)
-            if size >= _CHUNK:
-                yield "".join(lines).encode()
-                lines, size = [], 0
-        if lines:
-            yield "".join(lines).encode()
+        for batch in receipts_parquet.record_batches(path):
+            yield "".join(map(record_line, batch)).encode()
     except pa.ArrowException as exc:
         if isinstance(exc, OSError):  # the file system's error, said as such
             raise

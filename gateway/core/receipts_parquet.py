@@ -57,9 +57,10 @@ def convert(source: Path, target: Path) -> int:
 _READ_SCHEMA = pa.schema([field.with_nullable(True) for field in SCHEMA])
 
 
-def records(path: Path) -> Iterator[dict[str, Any]]:
-    """The receipts of a Parquet receipts file, one documented record each: the schema's
-    fields in its order and with its types, so each encodes as the writer's JSON line.
+def record_batches(path: Path) -> Iterator[list[dict[str, Any]]]:
+    """The receipts of a Parquet receipts file, a batch of rows at a time (Arrow's,
+    64Ki rows), one documented record each: the schema's fields in its order and with
+    its types, so each encodes as the writer's JSON line.
 
     Raises ValueError for a Parquet file without a receipt column, and pyarrow's errors
     for one that is not Parquet or holds a column of another type.
@@ -71,7 +72,7 @@ def records(path: Path) -> Iterator[dict[str, Any]]:
         raise ValueError(f"not a receipts file: no column {missing[0]!r}")
     for batch in parquet.iter_batches(columns=SCHEMA.names):
         table = pa.Table.from_batches([batch]).select(SCHEMA.names)
-        yield from table.cast(_READ_SCHEMA).to_pylist()
+        yield table.cast(_READ_SCHEMA).to_pylist()
 
 
 def _read_json(source: str | pa.NativeFile) -> pa.Table:
