@@ -114,6 +114,9 @@ class DeliveryConfig(ConfigModel):
     backoff_base: float = Field(1.0, gt=0)
     backoff_cap: float = Field(60.0, gt=0)
     throttle_backoff: float = Field(60.0, ge=0, description="Initial delay after QUOTA_EXCEEDED")
+    max_retry_after: float = Field(
+        600.0, gt=0, description="Longest Retry-After honoured; a longer one is cut to this"
+    )
     circuit_breaker: CircuitBreakerConfig = CircuitBreakerConfig()
     proxy: str | None = Field(None, description="HTTP CONNECT proxy; default HTTPS_PROXY")
     ca_file: TrustStore | None = Field(None, description="Trust store; default SSL_CERT_FILE")

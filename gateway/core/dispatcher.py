@@ -334,7 +334,10 @@ class Dispatcher:
 
     def _retry_delay(self, attempt: Attempt, retries: int) -> float:
         if attempt.retry_after is not None:
-            return attempt.retry_after
+            # Bounded: a credential-wide throttle closes the lane's gate for this long,
+            # and a provider's (or a proxy's) `Retry-After: 99999999` must not stop an
+            # app's pushes until a restart.
+            return min(attempt.retry_after, self.config.max_retry_after)
         if attempt.outcome is Outcome.THROTTLED and attempt.credential_wide:
             return max(
                 self.config.throttle_backoff,

@@ -234,6 +234,19 @@ async def test_quota_exceeded_closes_the_gate_for_the_app(rig_factory: Callable[
     assert rig.fcm.requests[-1].at - rig.fcm.requests[0].at >= 2.0
 
 
+async def test_an_absurd_retry_after_is_cut_to_max_retry_after(
+    rig_factory: Callable[..., Any],
+) -> None:
+    rig = await rig_factory(max_retry_after=0.3)
+    rig.fcm.script("q4", FcmResponse.quota_exceeded(retry_after=99_999_999), FcmResponse.ok())
+    receipt = await rig.dispatcher.send(rig.push("android", "q4", deadline=5.0))
+    # honoured as asked, the retry would fall after the deadline and the gate stay shut
+    assert (receipt.outcome, receipt.attempts) == (Outcome.OK, 2)
+    first, second = rig.fcm.requests_for("q4")
+    assert second.at - first.at >= 0.3
+    assert rig.dispatcher._lanes[("p", "android")].gate_until <= second.at
+
+
 async def test_quota_without_retry_after_waits_the_configured_backoff(
     rig_factory: Callable[..., Any],
 ) -> None:
