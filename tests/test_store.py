@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, inspect, select
 
 from gateway.core.metrics import Metrics
@@ -73,5 +75,35 @@ async def test_unlinkable_invalidation_persists_nothing(store_url: str) -> None:
         async with store.engine.connect() as conn:
             count = (await conn.execute(select(func.count()).select_from(invalid_tokens))).scalar()
         assert count == 0
+    finally:
+        await store.close()
+
+
+async def test_an_invalidation_cancelled_midway_is_handled_at_the_next_report(
+    store_url: str,
+) -> None:
+    store = Store(store_url)
+    told: list[InvalidToken] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def notify(invalid: InvalidToken) -> None:
+        entered.set()
+        await release.wait()  # held until the first report is cancelled
+        told.append(invalid)
+
+    try:
+        await store.upgrade()
+        invalidation = TokenInvalidation(store, Metrics(), notify)
+        invalid = InvalidToken("p", "app", "ef" * 32, "t", ProviderKind.APNS, "Unregistered")
+        first = asyncio.create_task(invalidation.report(invalid))
+        await entered.wait()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert told == []
+        release.set()
+        # the plugin was never told: the token is not "already handled"
+        assert await invalidation.report(invalid)
+        assert [t.token_hash for t in told] == ["ef" * 32]
     finally:
         await store.close()

@@ -14,6 +14,7 @@ Firebase project) and invalidating would wipe every registration, so it is held.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -138,10 +139,15 @@ class TokenInvalidation:
         provider = invalid.provider.value if invalid.provider else "none"
         self._metrics.invalid_tokens.labels(invalid.plugin, provider, invalid.app_id).inc()
         record_error = hook_error = None
-        if persist and self._store is not None:
-            record_error = await self._record(invalid)
         try:
+            if persist and self._store is not None:
+                record_error = await self._record(invalid)
             await self._notify(invalid)
+        except asyncio.CancelledError:
+            # Not handled after all (shutdown cancelled the send): the token is not
+            # "recently handled", so its next failure records it and tells the plugin.
+            self._recent.pop(key, None)
+            raise
         except Exception as exc:
             # A plugin bug must not lose the delivery result; the record above stays.
             log.exception("token-invalid hook of plugin %s failed", invalid.plugin)
