@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -134,6 +135,18 @@ def test_another_writers_parquet_file_prints_in_the_documented_shape(
         '"attempts":2,"latency_ms":12.5,"token_hash":null}\n'
     )
     assert cat(capfdbinary, str(path)) == (0, expected.encode(), "")
+    # JSON has no NaN or infinity: such a number prints as null, the other rows as they are
+    odd = tmp_path / "odd.parquet"
+    ts = pa.array([float("nan"), 1735689600.5, 1735689601.0])
+    latency = pa.array([1.0, float("inf"), 2.0])
+    rows = pa.concat_tables([table] * 3)
+    pq.write_table(rows.set_column(11, "ts", ts).set_column(2, "latency_ms", latency), odd)
+    printed = [json.loads(line) for line in cat(capfdbinary, str(odd))[1].splitlines()]
+    assert [(r["ts"], r["latency_ms"]) for r in printed] == [
+        (None, 1.0),
+        (1735689600.5, None),
+        (1735689601.0, 2.0),
+    ]
     # a column of a type the schema's cannot be read as: named, nothing of it printed
     wrong = tmp_path / "wrong.parquet"
     pq.write_table(table.set_column(11, "ts", pa.array(["noon"])), wrong)

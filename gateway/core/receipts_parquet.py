@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
@@ -71,8 +72,23 @@ def record_batches(path: Path) -> Iterator[list[dict[str, Any]]]:
     if missing:
         raise ValueError(f"not a receipts file: no column {missing[0]!r}")
     for batch in parquet.iter_batches(columns=SCHEMA.names):
-        table = pa.Table.from_batches([batch]).select(SCHEMA.names)
-        yield table.cast(_READ_SCHEMA).to_pylist()
+        table = pa.Table.from_batches([batch]).select(SCHEMA.names).cast(_READ_SCHEMA)
+        yield _finite(table).to_pylist()
+
+
+_FLOAT_COLUMNS = [i for i, field in enumerate(SCHEMA) if pa.types.is_floating(field.type)]
+
+
+def _finite(table: pa.Table) -> pa.Table:
+    """NaN and infinities (another writer's; ours never writes them) as nulls: JSON has
+    no such numbers, and the Spark jobs skip such a row as they skip a null."""
+    for i in _FLOAT_COLUMNS:
+        column = table.column(i)
+        if pc.any(pc.invert(pc.is_finite(column))).as_py():
+            table = table.set_column(
+                i, SCHEMA.field(i).name, pc.if_else(pc.is_finite(column), column, None)
+            )
+    return table
 
 
 def _read_json(source: str | pa.NativeFile) -> pa.Table:
