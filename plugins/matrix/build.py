@@ -41,6 +41,11 @@ __all__ = ["Planned", "apns_token", "plan"]
 _NOT_B64 = re.compile(r"[^A-Za-z0-9+/]")
 _HEX_TOKEN = re.compile(r"[0-9A-Fa-f]+")
 _CRYPTO = ("ciphertext", "ephemeral", "mac")
+# The Matrix client-server API caps a pusher's pushkey at 512 bytes (`/pushers/set`).
+# A longer one is no real APNs token; sent anyway it becomes an oversized `:path`
+# header that the HTTP/2 peer answers by closing the shared connection (every retry
+# again), so the homeserver would get 502s for a day instead of a rejection.
+_MAX_PUSHKEY_BYTES = 512
 _plain_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -61,8 +66,11 @@ def apns_token(pushkey: str, convert: bool) -> str:
     Without `convert` the pushkey is used verbatim and must already be a (non-empty)
     hex device token: anything else can never be delivered (APNs answers
     `BadDeviceToken`, or the core refuses a path-unsafe token, which would be a 502),
-    so it is rejected without sending.
+    so it is rejected without sending. So is a pushkey over the Matrix limit of 512
+    bytes.
     """
+    if len(pushkey.encode("utf-8")) > _MAX_PUSHKEY_BYTES:
+        raise PayloadRejected("pushkey longer than 512 bytes")
     if not convert:
         if not _HEX_TOKEN.fullmatch(pushkey):
             raise PayloadRejected("pushkey is not a hex device token")
@@ -117,9 +125,11 @@ def _apns_frame(
         aps["mutable-content"] = 1
         if "alert" not in aps:
             aps["alert"] = copy.deepcopy(app.msc3013_fallback_alert)
-        if app.honour_sound:
-            add_sound(payload, device)
         payload.update(top)
+        if app.honour_sound and add_sound(payload, device) and len(encode(payload)) > APNS_LIMIT:
+            # The sound (a divergence, Sygnal ignores it) gives way first: it must not
+            # cost the encrypted notification its ciphertext, or the pushkey (§6.1).
+            del payload["aps"]["sound"]
         priority, push_type = 10, app.push_type or "alert"
     elif frame.kind == "boolean":
         payload = {"aps": {"content-available": 1}, **top}
@@ -260,6 +270,27 @@ def _gateway_encrypt(
 # --- entry point ---------------------------------------------------------------------
 
 
+def _fit_with_sound(
+    payload: dict[str, Any], device: Device, app: MatrixAppConfig
+) -> dict[str, Any]:
+    """`fit_apns` of the payload with `tweaks.sound` added (§3), or without the sound
+    when only the sound makes it unfittable.
+
+    Honouring the sound is a divergence (Sygnal ignores it): a sound so long that the
+    payload cannot fit must not turn a notification Sygnal delivers into a rejected
+    pushkey, which makes Synapse delete the pusher.
+    """
+    if app.honour_sound:
+        aps = payload.get("aps")
+        with_sound = {**payload, "aps": dict(aps)} if isinstance(aps, dict) else payload
+        if add_sound(with_sound, device):
+            try:
+                return fit_apns(with_sound)
+            except PayloadRejected:
+                pass  # fitted below without the sound, or rejected as Sygnal would fail
+    return fit_apns(payload)
+
+
 def wants_encryption(device: Device) -> bool:
     algorithm = (device.data or {}).get("algorithm")
     return isinstance(algorithm, str) and algorithm in msc3013.ALGORITHMS
@@ -281,12 +312,13 @@ def plan(n: Notification, device: Device, app: MatrixAppConfig) -> Planned | Non
     if mode == "auto" and wants_encryption(device):
         return _gateway_encrypt(n, device, app, default_payload)
     if app.is_apns:
+        # The sound is added by _fit_with_sound, which can fall back to none.
         payload = apns_payload(
-            n, device, send_badge_counts=app.send_badge_counts, honour_sound=app.honour_sound
+            n, device, send_badge_counts=app.send_badge_counts, honour_sound=False
         )
         if payload is None:
             return None
-        return Planned(fit_apns(payload), apns_priority(n), app.push_type)
+        return Planned(_fit_with_sound(payload, device, app), apns_priority(n), app.push_type)
     data = fcm_data(n, device, send_badge_counts=app.send_badge_counts)
     if data is None:
         return None

@@ -208,11 +208,15 @@ def apns_payload(
     return payload
 
 
-def add_sound(payload: dict[str, Any], device: Device) -> None:
-    """Divergence: `tweaks.sound` becomes `aps.sound` on alerting payloads."""
+def add_sound(payload: dict[str, Any], device: Device) -> bool:
+    """Divergence: `tweaks.sound` becomes `aps.sound` on alerting payloads.
+
+    Returns whether a sound was added (callers drop it again if it cannot fit)."""
     aps = payload.get("aps")
     if device.sound and isinstance(aps, dict) and "alert" in aps and "sound" not in aps:
         aps["sound"] = device.sound
+        return True
+    return False
 
 
 def _json_len(text: str) -> list[int]:

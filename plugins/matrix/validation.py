@@ -9,6 +9,7 @@ gateway-side MSC3013 encryption encrypts the notification as received.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,10 @@ _CRYPTO_FIELDS = ("ciphertext", "ephemeral", "mac")
 # A JSON escape that may encode a UTF-16 surrogate (lone surrogates cannot be sent).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# Matrix integers (spec appendix, "Canonical JSON"): [-(2**53)+1, (2**53)-1]. Counts
+# outside it are no count a homeserver sends, and unbounded ones break payload encoding
+# (the APNs badge sums two counts; Python refuses to print integers past 4300 digits).
+_MATRIX_INT_MAX = 2**53 - 1
 
 
 class NotifyError(ValueError):
@@ -114,6 +119,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number that overflows (`1e400`) decodes to inf: it is the `Infinity` of
+    §1.1 in another spelling, and no encoder downstream (payloads, gateway-encrypt
+    plaintext) accepts it, so it is refused here like the constant."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("number out of range")
+    return value
+
+
 def _scrub_string(text: str) -> str:
     try:
         text.encode("utf-8")
@@ -155,7 +170,7 @@ def _scrub_surrogates(value: Any) -> Any:
 
 
 # One decoder: `json.loads` with any keyword argument builds a new one per call.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def decode_json(body: bytes) -> Any:
@@ -206,7 +221,8 @@ def parse_notification(body: Any) -> Notification:
         values: dict[str, int | None] = {}
         for key in ("unread", "missed_calls"):
             if key in raw_counts:
-                if not _is_int(raw_counts[key]):
+                value = raw_counts[key]
+                if not _is_int(value) or abs(value) > _MATRIX_INT_MAX:
                     raise NotifyError(f"{key} is of invalid type")
                 values[key] = raw_counts[key]
         counts = Counts(values.get("unread"), values.get("missed_calls"))
