@@ -104,7 +104,8 @@ async def read_form(request: web.Request, max_size: int | None = None) -> dict[s
             data = await source.post()
         except web.HTTPRequestEntityTooLarge:
             raise ZulipError("Request body too large", status=413) from None
-        except (ValueError, LookupError, AssertionError):  # ValueError: UnicodeError too
+        # RequestPayloadError: a body its Content-Encoding does not decode.
+        except (ValueError, LookupError, AssertionError, web.RequestPayloadError):
             raise ZulipError("Malformed form body") from None
         for key, value in data.items():
             if isinstance(value, str):
@@ -121,6 +122,8 @@ async def read_json(request: web.Request) -> Any:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise ZulipError("Request body too large", status=413) from None
+    except web.RequestPayloadError:  # a body its Content-Encoding does not decode
+        raise ZulipError("Malformed JSON") from None
     try:
         return parse_json(raw)
     except ValueError:
@@ -280,8 +283,11 @@ class Bouncer:
 
     async def _authenticate(self, request: web.Request) -> DbRow:
         role, key = parse_basic_auth(request.headers.get("Authorization"))
-        async with self.engine.connect() as conn:
-            server = await repo.get_server(conn, role)
+        # No registered UUID holds a NUL, and PostgreSQL refuses one in a query (a 500).
+        server = None
+        if "\x00" not in role:
+            async with self.engine.connect() as conn:
+                server = await repo.get_server(conn, role)
         if server is None:
             raise unauthorized(
                 f"Zulip server auth failure: {role} is not registered -- "

@@ -8,6 +8,7 @@ a Zulip server expects; nothing here touches the store.
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Mapping
@@ -75,11 +76,24 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    # `1e400` parses as infinity, which the refused `Infinity` stands for: providers'
+    # encoders (allow_nan=False) then fail, and the push was dropped after a 200.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("number out of range")
+    return value
+
+
 def check_text(value: Any) -> None:
-    """Raise `ValueError` unless every string in `value` (keys included) encodes as UTF-8.
+    """Raise `ValueError` unless every string in `value` (keys included) encodes as UTF-8
+    and holds no NUL character.
 
     JSON escapes can produce lone surrogates (`"\\ud800"`), which no database, hash or
-    provider accepts. Iterative, so that nesting depth cannot exhaust the stack.
+    provider accepts. NUL (`"\\u0000"`, or `%00` in a form) is refused because
+    PostgreSQL text cannot hold it (a bound NUL is a database error, hence a 500); a real
+    Zulip server never sends one, as its own data lives in PostgreSQL. Iterative, so that
+    nesting depth cannot exhaust the stack.
     """
     stack = [value]
     while stack:
@@ -87,6 +101,8 @@ def check_text(value: Any) -> None:
         if isinstance(item, str):
             if not item.isascii():
                 item.encode("utf-8")  # UnicodeEncodeError is a ValueError
+            if "\x00" in item:
+                raise ValueError("NUL character")
         elif isinstance(item, dict):
             stack.extend(item)
             stack.extend(item.values())
@@ -97,12 +113,13 @@ def check_text(value: Any) -> None:
 def parse_json(raw: str | bytes) -> Any:
     """Strict JSON as Zulip's bouncer (orjson) reads it, else `ValueError`.
 
-    Bytes must be UTF-8; `NaN`/`Infinity` and lone surrogates are refused; nesting too
-    deep for the parser is a `ValueError` too, never a `RecursionError`.
+    Bytes must be UTF-8; `NaN`/`Infinity` (also spelt `1e400`), lone surrogates and NUL
+    are refused; nesting too deep for the parser is a `ValueError` too, never a
+    `RecursionError`.
     """
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
     check_text(value)
@@ -190,7 +207,9 @@ def validate_server_key(name: str, value: str) -> str:
 
 def validate_hostname(hostname: str) -> str:
     """A host with optional port; no scheme, path, query, fragment or credentials."""
-    if not hostname or len(hostname) > 255:
+    # urlsplit silently drops tab, CR and LF anywhere in the URL (bpo-43882): check first,
+    # or "chat.example.org\n" would pass, be stored, and dodge the hostname-in-use check.
+    if not hostname or len(hostname) > 255 or any(c in hostname for c in "\t\r\n"):
         raise ZulipError(f"{hostname} is not a valid hostname")
     try:
         parts = urlsplit("http://" + hostname)
@@ -385,7 +404,8 @@ def parse_e2ee_notify(body: Any) -> E2eeNotify:
             if not is_int(priority) or priority not in APNS_PRIORITIES:
                 raise _bad(f"{where}.http_headers.apns_priority is not valid")
             push_type = headers.get("apns_push_type")
-            if push_type not in APNS_PUSH_TYPES:
+            # Type first: a list or object is unhashable, and `in` a frozenset raises.
+            if not isinstance(push_type, str) or push_type not in APNS_PUSH_TYPES:
                 raise _bad(f"{where}.http_headers.apns_push_type is not valid")
             payload = item.get("payload")
             _push_key_fields(payload, where)
@@ -399,7 +419,7 @@ def parse_e2ee_notify(body: Any) -> E2eeNotify:
             requests.append(ApnsPushRequest(token_id, token_id_int, priority, push_type, body_out))
         else:
             priority_s = item["fcm_priority"]
-            if priority_s not in FCM_PRIORITIES:
+            if not isinstance(priority_s, str) or priority_s not in FCM_PRIORITIES:
                 raise _bad(f"{where}.fcm_priority is not valid")
             push_key_id, encrypted = _push_key_fields(item.get("payload"), where)
             requests.append(
@@ -456,7 +476,7 @@ def validate_gcm_options(options: Any, event: Any) -> str:
     priority = remaining.pop("priority", None)
     if priority is None:
         priority = "high" if event == "message" else "normal"
-    elif priority not in FCM_PRIORITIES:
+    elif not isinstance(priority, str) or priority not in FCM_PRIORITIES:  # lists: unhashable
         raise _bad(f"Invalid GCM option to bouncer: priority {priority!r}")
     if remaining:
         raise _bad(

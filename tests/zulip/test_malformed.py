@@ -6,6 +6,7 @@ be resent (and, for a notify that had already reached a provider, delivered agai
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from typing import Any
@@ -289,6 +290,10 @@ async def test_lone_surrogates_in_form_json_and_registration(env: Env) -> None:
     ("endpoint", "body"),
     [
         ("push/notify", b'{"user_id": 5, "gcm_payload": {"a": NaN}}'),
+        # Literals beyond a double parse as infinity: the APNs body then cannot be encoded
+        # and the push was dropped after a 200.
+        ("push/notify", b'{"user_id": 5, "apns_payload": {"badge": 1e400}}'),
+        ("push/e2ee/notify", b'{"realm_uuid": "x", "push_requests": [], "x": -1e400}'),
         ("push/notify", '{"user_id": 5}'.encode("utf-16")),
         ("push/notify", b'{"user_id": 5, "user_uuid": "\xed\xa0\x80"}'),  # UTF-8 of U+D800
         ("push/notify", b'{"user_id": 5, "gcm_payload": ' + b"[" * 100_000 + b"]" * 100_000),
@@ -385,3 +390,188 @@ async def test_invalid_gcm_options_change_nothing(env: Env) -> None:
     status, body = await server.json("push/notify", {"user_id": 5, "user_uuid": user_uuid})
     assert (status, body["total_android_devices"]) == (200, 1)
     assert len((await _snapshot(env))["zulip_legacy_devices"]) == 1
+
+
+# --- JSON values of the wrong type where a fixed set of strings is expected ---------------
+
+
+def _e2ee_apns_request(token: str, push_type: Any) -> dict[str, Any]:
+    return {
+        "token_id": token_id_of(token),
+        "http_headers": {"apns_priority": 10, "apns_push_type": push_type},
+        "payload": {"push_key_id": 1, "encrypted_data": "abc"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "msg"),
+    [
+        ("apns_push_type", "push_requests[0].http_headers.apns_push_type is not valid"),
+        ("fcm_priority", "push_requests[0].fcm_priority is not valid"),
+        ("gcm_options", "Invalid GCM option to bouncer: priority ['high']"),
+    ],
+)
+async def test_unhashable_values_in_enum_fields(env: Env, case: str, msg: str) -> None:
+    # A list or an object compared against a set of allowed strings raised TypeError
+    # (unhashable) and the server got a 500, which it retries.
+    server, realm, _fcm = await _user_with_devices(env)
+    e2ee_token = fcm_token()
+    assert (await server.e2ee_register(realm, e2ee_token, "fcm", ios_app_id=None))[0] == 200
+    fcm_request = {**_e2ee_fcm_request(e2ee_token, "abc"), "fcm_priority": {"high": 1}}
+    bodies: dict[str, tuple[str, dict[str, Any]]] = {
+        "apns_push_type": (
+            "push/e2ee/notify",
+            {"realm_uuid": realm, "push_requests": [_e2ee_apns_request(e2ee_token, ["alert"])]},
+        ),
+        "fcm_priority": ("push/e2ee/notify", {"realm_uuid": realm, "push_requests": [fcm_request]}),
+        "gcm_options": ("push/notify", {"user_id": 5, "gcm_options": {"priority": ["high"]}}),
+    }
+    endpoint, body = bodies[case]
+    before = await _snapshot(env)
+    status, answer = await server.json(endpoint, body)
+    assert (status, answer["code"], answer["msg"]) == (400, "BAD_REQUEST", msg)
+    assert await _snapshot(env) == before
+    _nothing_sent(env)
+
+
+# --- NUL characters (PostgreSQL text cannot hold them) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "register token",
+        "register user_uuid",
+        "register realm_uuid",
+        "register query string",
+        "notify user_uuid",
+        "e2ee notify realm_uuid",
+        "e2ee register realm_uuid",
+        "analytics realm name",
+        "analytics realm host",
+        "registration token",
+        "auth username",
+    ],
+)
+async def test_nul_characters_rejected(db_env: Env, case: str) -> None:
+    # On PostgreSQL a NUL in any bound string is a DataError: every such request was a 500
+    # (retried by the server) instead of a 400 in Zulip's terms. Zulip's own data lives in
+    # PostgreSQL too, so a real server never sends one.
+    env = db_env
+    server, realm, _fcm = await _user_with_devices(env)
+    nul = "a\x00b"
+    register = {"user_id": "5", "token": fcm_token(), "token_kind": "2"}
+    before = await _snapshot(env)
+    if case == "register token":
+        status, body = await server.form("push/register", {**register, "token": nul})
+        expected = (400, "BAD_REQUEST", "Malformed form body")
+    elif case == "register user_uuid":
+        status, body = await server.form("push/register", {**register, "user_uuid": nul})
+        expected = (400, "BAD_REQUEST", "Malformed form body")
+    elif case == "register realm_uuid":
+        data = {**register, "user_uuid": "u5", "realm_uuid": nul}
+        status, body = await server.form("push/register", data)
+        expected = (400, "BAD_REQUEST", "Malformed form body")
+    elif case == "register query string":
+        resp = await server.client.post(
+            PREFIX + "push/register?user_uuid=a%00b", data=register, headers=server.auth
+        )
+        status, body = resp.status, await resp.json()
+        expected = (400, "BAD_REQUEST", "Malformed form body")
+    elif case == "notify user_uuid":
+        status, body = await server.json("push/notify", {"user_id": 5, "user_uuid": nul})
+        expected = (400, "BAD_REQUEST", "Malformed JSON")
+    elif case == "e2ee notify realm_uuid":
+        status, body = await server.json(
+            "push/e2ee/notify", {"realm_uuid": nul, "push_requests": []}
+        )
+        expected = (400, "BAD_REQUEST", "Malformed JSON")
+    elif case == "e2ee register realm_uuid":
+        status, body = await server.e2ee_register(nul, fcm_token(), "fcm", ios_app_id=None)
+        expected = (400, "BAD_REQUEST", "Malformed form body")
+    elif case in ("analytics realm name", "analytics realm host"):
+        field = case.rsplit(" ", 1)[1]
+        status, body = await server.analytics([realm_dict(realm, **{field: nul})])
+        expected = (400, "BAD_REQUEST", 'Argument "realms" is not valid JSON.')
+    elif case == "registration token":
+        token = "fcm-\x00"
+        plaintext = registration_plaintext(token, "fcm", None)
+        status, body = await server.e2ee_register(realm, token, "fcm", plaintext=plaintext)
+        expected = (400, "BAD_REQUEST", "Invalid encrypted_push_registration")
+    else:
+        raw = base64.b64encode(f"{nul}:{server.key}".encode()).decode()
+        resp = await server.client.post(
+            PREFIX + "push/unregister/all",
+            data={"user_id": "5"},
+            headers={**server.headers, "Authorization": f"Basic {raw}"},
+        )
+        status, body = resp.status, await resp.json()
+        msg = (
+            f"Zulip server auth failure: {nul} is not registered -- "
+            "did you run `manage.py register_server`?"
+        )
+        expected = (401, "UNAUTHORIZED", msg)
+    assert (status, body["code"], body["msg"]) == expected
+    assert await _snapshot(env) == before
+    _nothing_sent(env)
+
+
+# --- a body that cannot be decoded ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "content_type", "msg"),
+    [
+        ("push/register", FORM, "Malformed form body"),
+        ("push/notify", JSON, "Malformed JSON"),
+    ],
+)
+async def test_undecodable_content_encoding(
+    env: Env, endpoint: str, content_type: str, msg: str
+) -> None:
+    # aiohttp raises RequestPayloadError while reading a `Content-Encoding: gzip` body that
+    # is not gzip: a client mistake, which was answered 500.
+    server, _realm, _fcm = await _user_with_devices(env)
+    before = await _snapshot(env)
+    resp = await server.client.post(
+        PREFIX + endpoint,
+        data=b"token=ab&token_kind=2&user_id=5" if content_type == FORM else b'{"user_id": 5}',
+        headers={**server.auth, "Content-Type": content_type, "Content-Encoding": "gzip"},
+    )
+    assert resp.content_type == JSON
+    body = await resp.json()
+    assert (resp.status, body["code"], body["msg"]) == (400, "BAD_REQUEST", msg)
+    assert await _snapshot(env) == before
+    _nothing_sent(env)
+
+
+# --- hostnames with characters urlsplit silently drops ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "hostname", ["chat.example.org\n", "chat.exa\tmple.org", "chat\r.example.org"]
+)
+async def test_hostname_with_tab_or_newline(env: Env, hostname: str) -> None:
+    # urlsplit removes tab, CR and LF anywhere in a URL (bpo-43882), so these passed the
+    # hostname check: stored with the control character, and a second server could take a
+    # hostname already in use ("chat.example.org\n" next to "chat.example.org").
+    first = env.server("chat.example.org")
+    await first.register()
+    before = await _snapshot(env)
+    second = env.server()
+    status, body = await second.form(
+        "server/register",
+        {
+            "zulip_org_id": second.uuid,
+            "zulip_org_key": second.key,
+            "hostname": hostname,
+            "contact_email": "admin@example.org",
+        },
+        auth=False,
+    )
+    assert (status, body["code"], body["msg"]) == (
+        400,
+        "BAD_REQUEST",
+        f"{hostname} is not a valid hostname",
+    )
+    assert await _snapshot(env) == before
