@@ -18,11 +18,12 @@ workarounds of specs/providers.md §4.1 applied through subclasses:
   correctly in both directions.
 - `_ApnsPool` (subclass of `APNsBaseConnectionPool`) creates connections with one
   shared JWT header provider (`_ProviderToken`), optionally through an HTTP CONNECT
-  proxy, queues on the least loaded connection when all are full (no busy-poll), and
-  tolerates double discards.
+  proxy, queues on the least loaded connection when all are full (no busy-poll),
+  drops a connection from the pool as soon as it starts closing, and tolerates double
+  discards.
 
-Every send is bounded by `request_timeout`; the pool makes one attempt
-(`max_connection_attempts=1`): retries belong to the dispatcher.
+Every send is bounded by `request_timeout`; the pool makes one attempt, without
+aioapns's sleep after a failed connect: retries belong to the dispatcher.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from h2.events import (
     StreamReset,
     WindowUpdated,
 )
-from h2.exceptions import H2Error
+from h2.exceptions import H2Error, NoAvailableStreamIDError
 from hpack import NeverIndexedHeaderTuple
 
 from gateway.config import ApnsAppConfig
@@ -357,22 +358,35 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         try:
             body = request.body
             self.conn.send_headers(stream_id, headers, end_stream=not body)
-            if body:
-                while self.conn.local_flow_control_window(stream_id) < len(body):
-                    self.flush()
-                    waiter: asyncio.Future[None] = self.loop.create_future()
-                    self._window_waiters.append(waiter)
-                    await waiter
-                    if future.done():
-                        # Answered, reset by the server, or the connection lost, while
-                        # we waited (`_finish`, `connection_lost` woke us): that is this
-                        # send's answer (an error is retrieved here). A server may answer
-                        # before the whole request (RFC 9113 section 8.1), so the body
-                        # is not sent: our half of the stream is closed instead.
-                        if future.exception() is None:
-                            self._cancel_stream(stream_id)
-                        return await future
-                self.conn.send_data(stream_id, body, end_stream=True)
+            sent = 0
+            while sent < len(body):
+                # As much as the windows and the frame size allow (usually all of it at
+                # once): a server may grant a stream less window than a payload, and
+                # more only as DATA arrives, so waiting for room for the whole body
+                # could wait for ever.
+                size = min(
+                    len(body) - sent,
+                    self.conn.local_flow_control_window(stream_id),
+                    self.conn.max_outbound_frame_size,
+                )
+                if size > 0:
+                    end = sent + size
+                    self.conn.send_data(stream_id, body[sent:end], end_stream=end == len(body))
+                    sent = end
+                    continue
+                self.flush()
+                waiter: asyncio.Future[None] = self.loop.create_future()
+                self._window_waiters.append(waiter)
+                await waiter
+                if future.done():
+                    # Answered, reset by the server, or the connection lost, while we
+                    # waited (`_finish`, `connection_lost` woke us): that is this send's
+                    # answer (an error is retrieved here). A server may answer before the
+                    # whole request (RFC 9113 section 8.1), so the rest of the body is
+                    # not sent: our half of the stream is closed instead.
+                    if future.exception() is None:
+                        self._cancel_stream(stream_id)
+                    return await future
             self.flush()
             return await future
         finally:
@@ -465,6 +479,15 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         # Its sender may be waiting for window to send the body, which is now not needed.
         self._wake_senders()
 
+    def close(self) -> None:
+        # Out of the pool at once: `connection_lost`, which aioapns waits for, comes only
+        # after the TLS shutdown round trip, and every send picking this connection
+        # meanwhile failed at once (after a GOAWAY: a burst of retries, maybe an open
+        # circuit breaker) instead of opening a new connection.
+        if self.on_connection_lost is not None:
+            self.on_connection_lost(self)
+        super().close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         streams, self._streams = self._streams, {}
         closed = ConnectionClosed(str(exc) if exc else "connection closed")
@@ -535,7 +558,16 @@ class _ApnsPool(APNsBaseConnectionPool):
                     if not connection.is_busy:
                         return connection
                 if len(self.connections) < self.max_connections:
-                    return await super().acquire()  # opens a connection
+                    # Opened here, not by aioapns's acquire(), which turns every failure
+                    # into a bare ConnectionError: the OSError says what went wrong.
+                    try:
+                        connection = await self.create_connection()
+                    except OSError:
+                        raise
+                    except Exception as exc:
+                        raise ApnsConnectionError(type(exc).__name__) from exc
+                    self.connections.append(connection)
+                    return connection
         # All connections full: queue on the least loaded one's stream semaphore instead
         # of aioapns's 10 ms busy-poll, which also logs a WARNING per waiting send.
         return min(self.connections, key=lambda c: len(c.free_channels._waiters or ()))
@@ -544,6 +576,22 @@ class _ApnsPool(APNsBaseConnectionPool):
         # aioapns raises ValueError when a connection is discarded twice.
         if connection in self.connections:
             self.connections.remove(connection)
+
+    def close(self) -> None:
+        # A copy: closing a connection discards it from `connections` at once.
+        for connection in list(self.connections):
+            connection.close()
+
+    async def send_notification(self, request: NotificationRequest) -> NotificationResult:
+        """One attempt. aioapns's loop sleeps a fixed second after a failed connect even
+        on its last attempt, holding the lane slot, and reports only MaxAttemptsExceeded:
+        here the failure itself ends the send at once (the dispatcher owns retries)."""
+        connection = await self.acquire()
+        try:
+            return await connection.send_notification(request)
+        except NoAvailableStreamIDError:
+            connection.close()  # its stream ids are used up: the next send opens another
+            raise
 
 
 async def _connect_tunnel(

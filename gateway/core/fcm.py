@@ -194,7 +194,12 @@ class FcmClient:
             limit = push.policy.max_payload_bytes or DATA_LIMIT
             if data_size_bound(chars, len(data)) <= limit:
                 return None
-            size = len(_encode(data).encode())
+            try:
+                size = len(_encode(data).encode())
+            except UnicodeEncodeError:
+                # A lone surrogate (`json.loads` makes one of an escaped "\ud800") has no
+                # UTF-8 form; the dispatcher calls validate() unguarded, so refuse, not raise.
+                return _refusal(Reason.INVALID_PAYLOAD, "FCM data is not valid Unicode")
             if size > limit:
                 return _refusal(
                     Reason.PAYLOAD_TOO_LARGE, f"FCM data is {size} bytes, limit {limit}"

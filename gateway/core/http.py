@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import math
 import os
@@ -70,6 +71,10 @@ def parse_retry_after(value: str | bytes | None, *, now: float | None = None) ->
         when = email.utils.parsedate_to_datetime(value)
         if when is None:
             return None
+        if when.tzinfo is None:
+            # The asctime form (and "-0000") carries no zone: an HTTP-date is always
+            # GMT (RFC 9110 section 5.6.7), never the host's local time.
+            when = when.replace(tzinfo=datetime.UTC)
         return max(when.timestamp() - (time.time() if now is None else now), 0.0)
     except (TypeError, ValueError, IndexError, OverflowError):
         return None

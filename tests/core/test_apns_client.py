@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -724,3 +725,93 @@ async def test_idle_connection_closes_after_the_inactivity_time(
     closed_at = await asyncio.wait_for(lost, 5)
     assert closed_at - last_activity >= 0.3 - 0.05
     assert protocol not in client._pool.connections
+
+
+async def test_a_connection_being_closed_takes_no_new_request(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    """A connection that is closing (GOAWAY received, idle time over) stays in aioapns's
+    pool until `connection_lost`, which comes only after the TLS shutdown round trip.
+    Sends picked it meanwhile and failed `connection_error` at once: after a GOAWAY,
+    a burst of pushes went into backoff and could open the lane's circuit breaker."""
+    client = await make_client(max_connections=1)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert client._pool is not None
+    (protocol,) = client._pool.connections
+    protocol.close()  # what `_idle_check` and a GOAWAY do; connection_lost comes later
+    attempts = await asyncio.gather(
+        *(send(client, push_for(token()), secrets_seen) for _ in range(3))
+    )
+    assert [a.outcome for a in attempts] == [Outcome.OK] * 3
+    assert sim.connections_opened == 2
+
+
+async def test_goaway_then_send_at_once_uses_a_new_connection(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    client = await make_client(max_connections=1)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert client._pool is not None
+    (protocol,) = client._pool.connections
+    assert protocol.transport is not None
+    sim.goaway_all()
+
+    async def goaway_seen() -> None:
+        while not protocol.transport.is_closing():  # type: ignore[union-attr]
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(goaway_seen(), 5)
+    attempt = await send(client, push_for(token()), secrets_seen)
+    assert attempt.outcome is Outcome.OK
+
+
+async def test_a_refused_connection_ends_the_send_at_once(
+    tmp_path: Path, secrets_seen: set[str]
+) -> None:
+    """aioapns sleeps a fixed second after a failed connect even on its last attempt
+    (`max_connection_attempts=1`): every send to an unreachable APNs held its lane slot
+    a second longer, and its detail said only `MaxAttemptsExceeded`."""
+    key = generate_apns_auth_key()
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = s.getsockname()[1]
+        config = ApnsAppConfig(
+            keyfile=key.write_p8(tmp_path / "k.p8"),
+            key_id=key.key_id,
+            team_id=key.team_id,
+            topic=TOPIC,
+            host="127.0.0.1",
+            port=port,
+            request_timeout=5.0,
+        )
+        client = ApnsClient("ios", config)
+        await client.start()
+        try:
+            attempt = await send(client, push_for(token()), secrets_seen)
+        finally:
+            await client.close()
+    assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.CONNECTION_ERROR)
+    # the failure itself, not aioapns's MaxAttemptsExceeded after its one-second sleep
+    assert attempt.detail is not None and attempt.detail.startswith("ConnectionRefusedError")
+
+
+@pytest.mark.parametrize("window", [1024, 4096])
+async def test_a_body_larger_than_the_peer_stream_window_is_sent_in_pieces(
+    sim: ApnsSimulator,
+    make_client: MakeClient,
+    secrets_seen: set[str],
+    window: int,
+) -> None:
+    """A server may advertise an initial stream window smaller than a payload (4096
+    bytes is below a 5120-byte VoIP payload) and grant more only as DATA arrives
+    (RFC 9113 section 6.9). Waiting for a window as large as the whole body before
+    sending any of it waited for credit that never comes: the send ended `timeout`,
+    and so did every retry."""
+    sim.initial_window_size = window
+    client = await make_client(request_timeout=2.0, max_connections=1)
+    # the connection knows the simulator's SETTINGS once a push is back
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    voip = push_for(token(), sized_payload(5120), push_type="voip", topic=f"{TOPIC}.voip")
+    attempt = await send(client, voip, secrets_seen)
+    assert attempt.outcome is Outcome.OK
+    assert len(sim.requests[-1].body) == 5120

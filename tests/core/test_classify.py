@@ -310,3 +310,28 @@ def test_parse_fcm_error_tolerates_garbage() -> None:
 def test_parse_retry_after(value: str | bytes | None, expected: float | None) -> None:
     now = 1445412470.0  # 10 s before the date above
     assert parse_retry_after(value, now=now) == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "Wed, 21 Oct 2015 07:28:00 GMT",  # IMF-fixdate
+        "Wednesday, 21-Oct-15 07:28:00 GMT",  # obsolete RFC 850 form
+        "Wed Oct 21 07:28:00 2015",  # obsolete asctime form: no zone, and still GMT
+    ],
+)
+def test_parse_retry_after_dates_are_gmt_whatever_the_local_zone(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """RFC 9110 section 5.6.7: every HTTP-date is GMT and a recipient MUST accept all
+    three forms. The asctime form carries no zone; read as local time, it made a 10 s
+    Retry-After 0 east of Greenwich and hours long west of it."""
+    import time
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert parse_retry_after(value, now=1445412470.0) == 10.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()

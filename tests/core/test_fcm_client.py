@@ -421,3 +421,16 @@ async def test_send_before_start_is_transient(make_client: MakeClient) -> None:
     client = await make_client(start=False)
     assert not client.ready()
     assert (await client.send(push_for(token()))).outcome is Outcome.TRANSIENT
+
+
+async def test_a_large_data_map_with_a_lone_surrogate_is_refused_not_raised(
+    make_client: MakeClient,
+) -> None:
+    """`json.loads` turns an escaped `"\\ud800"` from a plugin's ingress into a lone
+    surrogate, which has no UTF-8 encoding: a data map large enough to be measured must
+    be refused `invalid_payload`, not raise UnicodeEncodeError out of `validate()` (the
+    dispatcher calls it unguarded: the caller got an exception instead of a receipt)."""
+    client = await make_client(start=False)
+    refusal = client.validate(push_for(token(), {"data": {"k": "\ud800" + "a" * 1000}}))
+    assert refusal is not None
+    assert (refusal.outcome, refusal.reason) == (Outcome.PERMANENT, Reason.INVALID_PAYLOAD)
