@@ -24,7 +24,14 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from plugins.marmot.config import normalize_relay_url
 from plugins.marmot.keys import ServerKey
-from plugins.marmot.nostr import Event, load_json, parse_event, sign_event, verify_signature
+from plugins.marmot.nostr import (
+    Event,
+    compute_event_id,
+    load_json,
+    parse_event,
+    sign_event,
+    verify_signature,
+)
 from plugins.marmot.relay import auth_event, relay_label, safe_text
 
 __all__ = ["KIND_INBOX_RELAYS", "InboxResult", "ensure_inbox_list", "fetch_newest", "publish"]
@@ -57,6 +64,22 @@ async def _recv(ws: ClientConnection, deadline: float) -> list[Any] | None:
     return msg if isinstance(msg, list) and msg and isinstance(msg[0], str) else None
 
 
+def _authentic(event: Event) -> bool:
+    """Whether ``event.id`` is the NIP-01 hash of its fields and ``sig`` signs that id.
+
+    The signature alone proves nothing about the fields: a relay could pair the id and signature
+    of any event the server key signed (our NIP-42 AUTH events, say) with a made-up kind,
+    ``created_at`` and relay tags.
+    """
+    try:
+        expected = compute_event_id(
+            event.pubkey, event.created_at, event.kind, event.tags, event.content
+        )
+    except ValueError:  # a string that is not UTF-8 encodable (lone surrogate)
+        return False
+    return expected == event.id and verify_signature(event.pubkey, event.id, event.sig)
+
+
 async def _answer_auth(ws: ClientConnection, key: ServerKey, url: str, msg: list[Any]) -> None:
     if len(msg) >= 2 and isinstance(msg[1], str) and len(msg[1]) <= 1024:
         event = auth_event(key, url, msg[1])
@@ -86,7 +109,7 @@ async def fetch_newest(url: str, key: ServerKey, timeout: float = 10.0) -> Event
                     if (
                         event.kind == KIND_INBOX_RELAYS
                         and event.pubkey == key.pubkey_hex
-                        and verify_signature(event.pubkey, event.id, event.sig)
+                        and _authentic(event)
                         and (newest is None or event.created_at > newest.created_at)
                     ):
                         newest = event
@@ -142,6 +165,16 @@ def relay_set(urls: Iterable[str]) -> frozenset[str]:
     return frozenset(normalize_relay_url(u) for u in urls)
 
 
+def _normalized_or_raw(url: str) -> str:
+    """A published URL in comparison form; as it is if unparsable (a bad port, a broken IPv6
+    literal: lists written by other clients of the key are not validated). Such a URL equals no
+    configured one, so the list is replaced instead of the check raising."""
+    try:
+        return normalize_relay_url(url)
+    except ValueError:
+        return url
+
+
 def inbox_event(key: ServerKey, inbox_relays: Sequence[str], now: int | None = None) -> Event:
     """The kind-10050 event: one ``relay`` tag per inbox relay, empty content."""
     return sign_event(key, KIND_INBOX_RELAYS, "", [["relay", u] for u in inbox_relays], now)
@@ -169,7 +202,9 @@ async def ensure_inbox_list(
         return result  # nobody answered: try again later rather than publish blindly
     wanted = relay_set(inbox_relays)
     if newest is not None:
-        result.current = relay_set(t[1] for t in newest.tags if len(t) >= 2 and t[0] == "relay")
+        result.current = frozenset(
+            _normalized_or_raw(t[1]) for t in newest.tags if len(t) >= 2 and t[0] == "relay"
+        )
         if result.current == wanted:
             return result
     created_at = int(time.time())

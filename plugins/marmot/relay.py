@@ -118,6 +118,21 @@ def _we_refused_a_message(exc: ConnectionClosed) -> bool:
     )
 
 
+def _usable_challenge(value: object) -> bool:
+    """A NIP-42 challenge we can sign: a string of at most 1024 characters, encodable as UTF-8.
+
+    JSON can carry lone surrogates (``"\\ud800"``) that no event id can hash: signing one would
+    raise in the AUTH task, and after ``CLOSED auth-required:`` leave the subscription closed.
+    """
+    if not isinstance(value, str) or len(value) > 1024:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def auth_event(key: ServerKey, url: str, challenge: str, now: int | None = None) -> Event:
     """NIP-42 authentication event: kind 22242, ``relay`` and ``challenge`` tags, empty content."""
     return sign_event(key, KIND_AUTH, "", [["relay", url], ["challenge", challenge]], now)
@@ -198,6 +213,7 @@ class RelayClient:
         self._ws: ClientConnection | None = None
         self._task: asyncio.Task[None] | None = None
         self._challenge: str | None = None
+        self._auth_answering = False  # an unprompted AUTH answer is in flight
         self._auth_pending: dict[str, asyncio.Future[bool]] = {}  # AUTH event id -> its OK
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -272,7 +288,10 @@ class RelayClient:
 
     def _backoff(self) -> float:
         s = self.settings
-        base = min(s.backoff_max, s.backoff_min * (2 ** max(0, self.failures - 1)))
+        # The exponent is capped: 2 ** 1024 no longer converts to a float (OverflowError), and
+        # ``failures`` keeps counting through a long outage (1,025 failures: 17 h at 60 s).
+        doublings = min(max(0, self.failures - 1), 64)
+        base = min(s.backoff_max, s.backoff_min * (2**doublings))
         return max(s.backoff_min, random.uniform(base / 2, base))
 
     def _failed(self) -> None:
@@ -303,6 +322,7 @@ class RelayClient:
                 ) as ws:
                     self._ws = ws
                     self._challenge = None
+                    self._auth_answering = False
                     self.authenticated = False
                     self._auth_pending.clear()
                     await self._subscribe()
@@ -440,9 +460,15 @@ class RelayClient:
         elif kind == "NOTICE":
             log.info("relay %s NOTICE: %s", self.label, safe_text(msg[1] if len(msg) > 1 else ""))
         elif kind == "AUTH":
-            if len(msg) >= 2 and isinstance(msg[1], str) and len(msg[1]) <= 1024:
+            if len(msg) >= 2 and _usable_challenge(msg[1]):
+                # Each answer costs a signature: one per new challenge and one at a time, so an
+                # AUTH flood cannot make us sign per frame. A challenge that arrives meanwhile is
+                # kept; CLOSED "auth-required:" answers the newest one.
+                fresh = msg[1] != self._challenge
                 self._challenge = msg[1]
-                self._authenticate(resubscribe=False)
+                if fresh and not self._auth_answering:
+                    self._auth_answering = True
+                    self._authenticate(resubscribe=False)
         elif kind == "OK" and len(msg) >= 3 and isinstance(msg[1], str):
             fut = self._auth_pending.pop(msg[1], None)
             if fut is not None and not fut.done():
@@ -453,6 +479,10 @@ class RelayClient:
                 fut.set_result(accepted)
 
     def _on_closed(self, reason: str) -> None:
+        if self.state is RelayState.BACKOFF:
+            # This subscription is already closed and its resubscription pending: a repeated
+            # CLOSED must not queue another REQ (it would leave an orphan subscription open).
+            return
         if self.state in (RelayState.LIVE, RelayState.SUBSCRIBED):
             self.disconnect_at = self.clock()  # the live stream was interrupted here
         self._failed()
@@ -485,6 +515,8 @@ class RelayClient:
             # Two AUTHs for one challenge within a second are the same event: pop only ours.
             if self._auth_pending.get(event.id) is fut:
                 del self._auth_pending[event.id]
+            if not resubscribe:
+                self._auth_answering = False
         self.authenticated = self.authenticated or accepted
         if resubscribe:
             await self._resubscribe_later(0 if accepted else self._backoff())
