@@ -105,6 +105,30 @@ class JsonFormatter(RedactingFormatter):
         return json.dumps(entry, separators=(",", ":"))
 
 
+class UnreadableBodyFilter(logging.Filter):
+    """One line instead of aiohttp's "Unhandled exception" traceback for a request body
+    that cannot be read (a `Content-Encoding` it does not decode).
+
+    The handler already answered such a request (400, or 405 for a route that takes no
+    body); aiohttp then drains the body to keep the connection, meets the same error
+    again and logs it as if it were a bug of ours (aio-libs/aiohttp#1918). A client's
+    mistake is an INFO line, never a traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.web import RequestPayloadError
+
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, RequestPayloadError):
+            record.msg, record.args = "a request body could not be read: connection closed", ()
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+_UNREADABLE_BODY = UnreadableBodyFilter()
+
+
 def configure(level: str = "INFO", json_format: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
@@ -118,6 +142,7 @@ def configure(level: str = "INFO", json_format: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     quiet_third_party(level)
+    logging.getLogger("aiohttp.server").addFilter(_UNREADABLE_BODY)  # the same one: once
 
 
 def quiet_third_party(level: str | int = logging.DEBUG) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import sqlalchemy as sa
 
 from gateway import logs
 from gateway.core.store import create_engine
+from gateway.testing.harness import GatewayHarness, base_config
 
 
 @pytest.fixture
@@ -95,3 +97,28 @@ def test_tracebacks_keep_frames_and_types_but_not_messages(json_format: bool) ->
     assert "_raise_chained" in written  # the frames are there
     assert "KeyError" in written and "RuntimeError" in written  # both links of the chain
     assert secret not in written
+
+
+async def test_an_undecodable_request_body_is_one_line_not_a_traceback(
+    debug_stderr: io.StringIO, tmp_path: Path
+) -> None:
+    """aiohttp drains a body after the answer and logs its decoding error again, as an
+    "Unhandled exception" traceback: a client's mistake, so one INFO line instead."""
+    body = b"not gzip at all, and " + b"secret-looking-content" * 4
+    async with GatewayHarness(base_config(tmp_path, {})) as gw:
+        server = gw.client.server
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        try:
+            writer.write(
+                b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            answer = await reader.read()  # to EOF: aiohttp logs before it closes
+        finally:
+            writer.close()
+    assert answer.startswith(b"HTTP/1.1 405")
+    written = debug_stderr.getvalue()
+    assert "INFO aiohttp.server" in written
+    assert "a request body could not be read" in written
+    assert "Traceback" not in written and "Unhandled exception" not in written
+    assert b"secret-looking-content".decode() not in written
