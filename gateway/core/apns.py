@@ -90,6 +90,10 @@ IDLE_SECONDS = 3600.0  # aioapns closes idle connections after 10 s; Apple wants
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _TOKEN_RE = re.compile(r"[A-Za-z0-9._~-]+")  # path-safe; APNs tokens are hex
+# Far above any device token (32 bytes, 64 hex digits, today), far below the header
+# sizes HTTP/2 servers accept (commonly 8 to 64 KiB): a `:path` over a server's limit
+# makes it close the connection, failing every push in flight on it, at every retry.
+MAX_TOKEN_LENGTH = 1024
 
 
 # --- provider token (JWT) ---------------------------------------------------------------
@@ -798,6 +802,10 @@ class ApnsClient:
             return None, _refusal(Reason.INVALID_PAYLOAD, "APNs payload must be a JSON object")
         if not _TOKEN_RE.fullmatch(push.token):
             return None, _refusal(Reason.INVALID_PAYLOAD, "device token has invalid characters")
+        if len(push.token) > MAX_TOKEN_LENGTH:
+            return None, _refusal(
+                Reason.INVALID_PAYLOAD, f"device token longer than {MAX_TOKEN_LENGTH} characters"
+            )
         try:
             body = _encode(payload).encode()
         except (TypeError, ValueError, RecursionError) as exc:  # nesting deeper than the stack

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 from gateway.config import ApnsAppConfig
-from gateway.core.apns import IDLE_SECONDS, ApnsClient, _ApnsProtocol, _StreamSlots
+from gateway.core.apns import (
+    IDLE_SECONDS,
+    MAX_TOKEN_LENGTH,
+    ApnsClient,
+    _ApnsProtocol,
+    _StreamSlots,
+)
 from gateway.core.push import ApnsOptions, Outcome, Push, PushPolicy, Reason
 from gateway.testing import ApnsResponse, ApnsSimulator, generate_apns_auth_key
 from tests.core.conftest import nested
@@ -815,3 +821,38 @@ async def test_a_body_larger_than_the_peer_stream_window_is_sent_in_pieces(
     attempt = await send(client, voip, secrets_seen)
     assert attempt.outcome is Outcome.OK
     assert len(sim.requests[-1].body) == 5120
+
+
+@pytest.mark.parametrize(
+    ("device_token", "detail"),
+    [
+        ("ab/cd", "device token has invalid characters"),
+        ("ab cd", "device token has invalid characters"),
+        ("a" * (MAX_TOKEN_LENGTH + 1), f"device token longer than {MAX_TOKEN_LENGTH} characters"),
+    ],
+)
+async def test_a_token_unfit_for_the_path_is_refused_without_a_request(
+    sim: ApnsSimulator,
+    make_client: MakeClient,
+    secrets_seen: set[str],
+    device_token: str,
+    detail: str,
+) -> None:
+    """A token becomes the request's `:path`: one that would change the path, or one so
+    long that the server closes the whole connection over it, is never sent."""
+    client = await make_client()
+    push = push_for(device_token)
+    secrets_seen.add(device_token)
+    refusal = client.validate(push)
+    assert refusal is not None
+    assert (refusal.outcome, refusal.reason, refusal.detail) == (
+        Outcome.PERMANENT,
+        Reason.INVALID_PAYLOAD,
+        detail,
+    )
+    assert await client.send(push) == refusal  # send() refuses alike
+    assert sim.requests == []
+    # the longest token allowed still goes out
+    longest = await send(client, push_for("a" * MAX_TOKEN_LENGTH), secrets_seen)
+    assert longest.reason != Reason.INVALID_PAYLOAD
+    assert len(sim.requests) == 1
