@@ -56,6 +56,12 @@ ClientFactory = Callable[[str, AppConfig, Settings], ProviderClient]
 
 CORE_ROUTES = ("/healthz", "/readyz", "/metrics")
 METRICS_FLUSH_INTERVAL = 1.0  # seconds a metric change may wait before other workers see it
+# Methods labelled as sent; any other is "other". The method is the client's: aiohttp's
+# C parser knows a fixed list, but its pure-Python one (AIOHTTP_NO_EXTENSIONS, platforms
+# without the extension) accepts any token, one new series each.
+_LABELLED_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+)
 
 
 def default_client_factory(app_id: str, config: AppConfig, settings: Settings) -> ProviderClient:
@@ -408,7 +414,8 @@ def _request_middleware(metrics: Metrics) -> Any:
                 {"error": "internal error", "request_id": rid[:64]}, status=500
             )
         finally:
-            http_requests(_route_of(request), request.method, str(status)).inc()
+            method = request.method if request.method in _LABELLED_METHODS else "other"
+            http_requests(_route_of(request), method, str(status)).inc()
             request_id.reset(token)
 
     return middleware

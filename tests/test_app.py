@@ -7,10 +7,13 @@ import gc
 import json
 from pathlib import Path
 
-from aiohttp.test_utils import TestClient, TestServer
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from gateway.app import create_app, load_gateway
+from gateway.app import _request_middleware, create_app, load_gateway
 from gateway.context import TokenHasher
+from gateway.core.metrics import Metrics
 from gateway.loops import YOUNG_GENERATION_THRESHOLD
 from gateway.receipt_files import published_files, read_records
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
@@ -129,3 +132,25 @@ async def test_start_up_tunes_the_collector(tmp_path: Path) -> None:
             assert gc.get_freeze_count() > 0  # start-up's objects left out of collections
     finally:
         gc.set_threshold(*before)
+
+
+async def test_http_methods_outside_the_standard_ones_share_one_label() -> None:
+    """The method is the client's: aiohttp's pure-Python parser (AIOHTTP_NO_EXTENSIONS,
+    or no C extension for the platform) accepts any token, so labelling by it as sent
+    would let a client grow the registry without bound."""
+    metrics = Metrics()
+    middleware = _request_middleware(metrics)
+
+    async def not_found(_request: web.Request) -> web.StreamResponse:
+        raise web.HTTPNotFound()
+
+    for method in ("GET", "FOO1", "FOO2", "BREW"):
+        with pytest.raises(web.HTTPNotFound):
+            await middleware(make_mocked_request(method, "/nope"), not_found)
+    methods: dict[str, float] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "pushgw_http_requests_total":
+                method = sample.labels["method"]
+                methods[method] = methods.get(method, 0.0) + sample.value
+    assert methods == {"GET": 1.0, "other": 3.0}

@@ -185,7 +185,10 @@ class Dispatcher:
             return await self._final(
                 push, lane, Attempt(Outcome.TRANSIENT, reason=Reason.SHUTTING_DOWN), 0
             )
-        refused = lane.client.validate(push)
+        try:
+            refused = lane.client.validate(push)
+        except Exception as exc:  # a client bug, as in send(): still the one receipt
+            refused = self._client_failed(lane, "validate", exc)
         if refused is not None:
             return await self._final(push, lane, refused, 0)
         if lane.pending >= self.config.queue_size:
@@ -289,11 +292,13 @@ class Dispatcher:
                     return self._final(push, lane, failed, attempts)
                 continue
             # throttled or transient: the one retry policy
-            if retries >= max_retries:
-                return self._final(push, lane, attempt, attempts)
             delay = self._retry_delay(attempt, retries)
             if attempt.credential_wide:
+                # Before the retry budget is looked at: the gate is the credential's,
+                # and a push with no retry left must still close it for the others.
                 lane.gate_until = max(lane.gate_until, finished + delay)
+            if retries >= max_retries:
+                return self._final(push, lane, attempt, attempts)
             if finished + delay >= deadline:
                 return self._final(push, lane, attempt, attempts)
             retries += 1
@@ -436,8 +441,11 @@ class Dispatcher:
             lane.metrics.push(receipt.outcome.value, receipt.reason or "").inc()
             lane.metrics.push_latency.observe(receipt.latency)
         else:
+            # No app label: an unknown app id is whatever a client sent (plugins pass it
+            # on), and one series per value would grow the registry without bound.
+            # The receipt still names it.
             self.metrics.pushes.labels(
-                push.plugin, "none", push.app_id, receipt.outcome.value, receipt.reason or ""
+                push.plugin, "none", "", receipt.outcome.value, receipt.reason or ""
             ).inc()
         if self.sink is not None:
             await self.sink(push, receipt)

@@ -24,7 +24,11 @@ def secrets_seen() -> set[str]:
 def no_secrets_in_logs(caplog: pytest.LogCaptureFixture, secrets_seen: set[str]) -> Iterator[None]:
     caplog.set_level(logging.DEBUG)
     yield
-    text = caplog.text + "".join(str(r.args) for r in caplog.records)
+    # Every phase's records: `caplog.text` and `caplog.records` here, in teardown, hold
+    # the teardown's alone (pytest keeps one handler per phase), not the test's.
+    records = [r for when in ("setup", "call", "teardown") for r in caplog.get_records(when)]
+    formatter = logging.Formatter()
+    text = "".join(formatter.format(r) + str(r.args) for r in records)
     for secret in secrets_seen:
         assert secret not in text
 

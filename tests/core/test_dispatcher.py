@@ -862,3 +862,87 @@ async def test_server_shutdown_cancelling_a_push_request_still_writes_its_receip
         ("transient", "shutting_down", None, 1)
     ]
     assert gateway.runtime.metrics.registry.get_sample_value("pushgw_receipts_lost_total") == 0
+
+
+# --- found by review: each test failed before its fix ------------------------------------
+
+
+async def test_a_credential_wide_throttle_closes_the_gate_even_without_a_retry_left() -> None:
+    """The gate belongs to the credential, not to the push that heard the answer: a push
+    with no retry left (SimpleX allows one, a push may allow none) still closes it, or
+    every other push of the app goes on hitting a project that is over its quota."""
+    quota = Attempt(
+        Outcome.THROTTLED, 429, "QUOTA_EXCEEDED", retry_after=30.0, credential_wide=True
+    )
+    client = ScriptedClient(
+        "android", lambda push: quota if push.token == "t1" else Attempt(Outcome.OK, 200)
+    )
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    first = await dispatcher.send(Push("p", "android", "t1", {}, policy=PushPolicy(max_retries=0)))
+    assert (first.outcome, first.reason, first.attempts) == (Outcome.THROTTLED, "QUOTA_EXCEEDED", 1)
+    second = await dispatcher.send(Push("p", "android", "t2", {}, policy=PushPolicy(deadline=5)))
+    assert (second.outcome, second.reason, second.attempts) == (
+        Outcome.THROTTLED,
+        Reason.GATE_CLOSED,
+        0,
+    )
+    assert client.sent == ["t1"]
+    await dispatcher.close()
+
+
+async def test_unknown_app_ids_never_become_metric_labels() -> None:
+    """An app id comes from a client's request (a plugin passes it on): each unknown one
+    must not make a new series, or a client can grow the registry without bound."""
+    client = ScriptedClient("android", lambda push: Attempt(Outcome.OK, 200))
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    for n in range(3):
+        receipt = await dispatcher.send(Push("p", f"client-chosen-{n}", "t", {}))
+        assert (receipt.outcome, receipt.reason) == (Outcome.PERMANENT, Reason.UNKNOWN_APP)
+        assert receipt.app_id == f"client-chosen-{n}"  # the receipt still says which
+    text = dispatcher.metrics.exposition().decode()
+    assert "client-chosen" not in text
+    unknown = dispatcher.metrics.registry.get_sample_value(
+        "pushgw_pushes_total",
+        {
+            "plugin": "p",
+            "provider": "none",
+            "app": "",
+            "outcome": "permanent",
+            "reason": "unknown_app",
+        },
+    )
+    assert unknown == 3
+    await dispatcher.close()
+
+
+async def test_a_validate_that_raises_still_gives_one_receipt(
+    secrets_seen: set[str], caplog: pytest.LogCaptureFixture, register_secret: Any
+) -> None:
+    """validate() is the client's too: a bug there (a lone surrogate in a header value,
+    a payload type it did not expect) must end the push with a receipt, not escape
+    send() without one."""
+    tok = "feedface" * 8
+    secrets_seen.add(tok)
+    register_secret(tok)
+
+    class Raising(ScriptedClient):
+        def validate(self, push: Push) -> Attempt | None:
+            raise ValueError(f"cannot encode {push.token!r}")  # a bug quoting the token
+
+    client = Raising("android", lambda push: Attempt(Outcome.OK, 200))
+    receipts: list[Receipt] = []
+    dispatcher = scripted_dispatcher(client, receipts)
+    receipt = await dispatcher.send(Push("p", "android", tok, {}))
+    assert (receipt.outcome, receipt.reason, receipt.attempts) == (
+        Outcome.TRANSIENT,
+        Reason.CLIENT_ERROR,
+        0,
+    )
+    assert receipts == [receipt]
+    assert client.sent == []  # nothing is sent that could not be checked
+    assert dispatcher.in_flight == 0
+    assert "client's validate() raised ValueError" in caplog.text
+    assert tok not in caplog.text
+    await dispatcher.close()
