@@ -38,8 +38,9 @@ def published_files(
 
     A file's name starts with the UTC time it was opened (docs/receipts.md), so this is
     the order receipts were written in, across the writers and hosts of a directory.
-    A directory that cannot be listed raises ReceiptFileError, or, with `on_error`
-    (as `os.walk`'s `onerror`), is passed to it and left out.
+    A directory that cannot be listed, or an entry that cannot be looked at, raises
+    ReceiptFileError, or, with `on_error` (as `os.walk`'s `onerror`), is passed to it
+    and left out.
     """
     found = [
         path
@@ -63,18 +64,29 @@ def _walk(
         seen.add((info.st_dev, info.st_ino))
         entries = sorted(directory.iterdir())
     except OSError as exc:
-        error = ReceiptFileError(f"{directory}: {_why(exc)}")
-        if on_error is None:
-            raise error from None
-        on_error(error)
+        _report(directory, exc, on_error)
         return
     for entry in entries:
         if entry.name.startswith((".", "_")):
             continue
-        if entry.is_dir():
+        try:
+            # Raises for EACCES (a directory readable but not searchable lists its
+            # names, but none can be looked at); hides only ENOENT and the like.
+            is_dir = entry.is_dir()
+        except OSError as exc:
+            _report(entry, exc, on_error)
+            continue
+        if is_dir:
             yield from _walk(entry, on_error, seen)
         else:
             yield entry
+
+
+def _report(path: Path, exc: OSError, on_error: Callable[[ReceiptFileError], None] | None) -> None:
+    error = ReceiptFileError(f"{path}: {_why(exc)}")
+    if on_error is None:
+        raise error from None
+    on_error(error)
 
 
 def copy_receipts(path: Path, out: Output) -> None:
@@ -140,8 +152,10 @@ def _parquet_chunks(path: Path) -> Iterator[bytes]:
     try:
         for batch in receipts_parquet.record_batches(path):
             yield "".join(map(record_line, batch)).encode()
-    except pa.ArrowException as exc:
-        if isinstance(exc, OSError):  # the file system's error, said as such
+    except (pa.ArrowException, OSError) as exc:
+        # The file system's error (with an errno) is said as such; Arrow's own OSError
+        # for a damaged file ("Couldn't deserialize thrift") has none: the file's fault.
+        if isinstance(exc, OSError) and exc.errno is not None:
             raise
         problem = f"not a readable receipts Parquet file ({_why(exc)})"
         raise ReceiptFileError(f"{path}: {problem}") from None

@@ -263,3 +263,65 @@ def test_stdout_that_cannot_be_written_is_one_line(tmp_path: Path, redirect: str
         1,
         f"pushgw: error: cannot write to stdout: {why}\n",
     )
+
+
+def test_a_parquet_file_with_a_column_twice_is_named_not_a_traceback(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """Another tool's file may repeat a column name (Parquet allows it): Arrow refuses
+    to pick the column by name with a KeyError, which must not escape as a traceback."""
+    good = tmp_path / "receipts-20250101T000000Z-1-0001.jsonl"
+    good.write_bytes(b'{"v":1}\n')
+    twice = tmp_path / "receipts-20250101T010000Z-1-0002.parquet"
+    row = receipt_record(varied_receipts()[0])
+    names = [*row, "ts"]
+    arrays = [pa.array([value]) for value in row.values()] + [pa.array([1.5])]
+    pq.write_table(pa.Table.from_arrays(arrays, names=names), twice)
+    assert cat(capfdbinary, str(tmp_path)) == (
+        1,
+        b'{"v":1}\n',
+        f"pushgw: {twice}: not a receipts file: column 'ts' appears 2 times\n",
+    )
+
+
+def test_a_parquet_file_with_a_corrupt_page_is_named_as_not_readable(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """A damaged page makes Arrow raise a plain OSError (no errno): that is the file's
+    fault, not the file system's, and says so, as any other unreadable Parquet file."""
+    path = tmp_path / "receipts-20250101T000000Z-1-0001.parquet"
+    row = receipt_record(varied_receipts()[0])
+    pq.write_table(pa.table({name: [value] for name, value in row.items()}), path)
+    data = bytearray(path.read_bytes())
+    for i in range(4, 60):  # the first page header, right after the magic bytes
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert cat(capfdbinary, str(path)) == (
+        1,
+        b"",
+        f"pushgw: {path}: not a readable receipts Parquet file (OSError)\n",
+    )
+
+
+def test_entries_of_a_directory_that_cannot_be_searched_are_named(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory readable but not searchable (`chmod a-x`): its names are listed, but
+    looking at an entry fails with EACCES, which `Path.is_dir()` raises (it hides only
+    ENOENT and the like): named on stderr, the other files still printed, no traceback."""
+    (tmp_path / "receipts-20250101T000000Z-1-0001.jsonl").write_bytes(b'{"v":1}\n')
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    entry = locked / "receipts-20250101T010000Z-1-0002.jsonl"
+    entry.write_bytes(b'{"v":2}\n')
+    stat = Path.stat
+
+    def no_search(self: Path, *, follow_symlinks: bool = True) -> os.stat_result:
+        # what a directory without search permission gives, even to root
+        if self.parent == locked:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return stat(self, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(Path, "stat", no_search)
+    status, out, err = cat(capfdbinary, str(tmp_path))
+    assert (status, out, err) == (1, b'{"v":1}\n', f"pushgw: {entry}: Permission denied\n")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
@@ -83,9 +84,13 @@ def finish(path: Path, file_format: ReceiptsFormat) -> ReceiptsFormat | None:
     if parquet.exists() or path.stat().st_size == 0:
         # A `.parquet` of the same name is only ever renamed into place complete: a crash
         # came between that rename and this removal, and the records are already in it.
+        if parquet.exists():
+            _sync_directory(parquet.parent)  # its rename may not be on disk yet
         path.unlink()
         return None
     if file_format == "parquet" and _publish_parquet(path, parquet):
+        # The records' only other copy goes next: the rename must survive a power loss.
+        _sync_directory(parquet.parent)
         path.unlink()
         return "parquet"
     path.rename(jsonl)
@@ -99,6 +104,9 @@ def _publish_parquet(source: Path, target: Path) -> bool:
         from gateway.core import receipts_parquet  # pyarrow is an optional dependency
 
         skipped = receipts_parquet.convert(source, tmp)
+        # Data on disk before the name: else a power loss can leave a `.parquet` without
+        # its data (delayed allocation), and recovery then removes the `.jsonl.open`.
+        _sync_file(tmp)
         tmp.replace(target)
     except Exception as exc:
         tmp.unlink(missing_ok=True)
@@ -116,6 +124,24 @@ def _publish_parquet(source: Path, target: Path) -> bool:
             target.name,
         )
     return True
+
+
+def _sync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_directory(path: Path) -> None:
+    """Make the renames in `path` durable; a file system that cannot fsync a directory
+    (EINVAL, ENOTSUP: some network and FUSE ones) is left to its own ordering."""
+    try:
+        _sync_file(path)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
 
 
 def recover(
@@ -260,11 +286,27 @@ class RollingFile:
 
     def _open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._seq += 1
         start = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        path = self.directory / f"receipts-{start}-{os.getpid()}-{self._seq:04d}.jsonl.open"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        self._fd = os.open(path, flags, 0o666)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
+        while True:
+            # A name an earlier writer with our pid took in the same second (a writer
+            # restarted in this process, a container's pid 1 restarted) is skipped:
+            # publishing would replace its file (jsonl) or take ours for a leftover of
+            # its `.parquet` and remove it. Created first, then checked, so that a file
+            # renamed meanwhile is seen one way or the other.
+            self._seq += 1
+            stem = f"receipts-{start}-{os.getpid()}-{self._seq:04d}"
+            path = self.directory / f"{stem}.jsonl.open"
+            try:
+                fd = os.open(path, flags, 0o666)
+            except FileExistsError:
+                continue
+            if any((self.directory / f"{stem}{s}").exists() for s in (".jsonl", ".parquet")):
+                os.close(fd)
+                path.unlink()
+                continue
+            break
+        self._fd = fd
         self._path = path
         self._opened = time.monotonic()
         self._size = 0

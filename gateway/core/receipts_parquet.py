@@ -67,10 +67,15 @@ def record_batches(path: Path) -> Iterator[list[dict[str, Any]]]:
     for one that is not Parquet or holds a column of another type.
     """
     parquet = pq.ParquetFile(path)
-    present = set(parquet.schema_arrow.names)
+    present = parquet.schema_arrow.names
     missing = [name for name in SCHEMA.names if name not in present]
     if missing:
         raise ValueError(f"not a receipts file: no column {missing[0]!r}")
+    # Parquet allows a name twice (another tool's file); Arrow then cannot select the
+    # column by name and raises KeyError, which is no reader's error to expect.
+    for name in SCHEMA.names:
+        if (count := present.count(name)) > 1:
+            raise ValueError(f"not a receipts file: column {name!r} appears {count} times")
     for batch in parquet.iter_batches(columns=SCHEMA.names):
         table = pa.Table.from_batches([batch]).select(SCHEMA.names).cast(_READ_SCHEMA)
         yield _finite(table).to_pylist()

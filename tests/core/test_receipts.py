@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,64 @@ async def test_open_file_already_converted_before_a_crash_is_removed(
     assert names(tmp_path) == [converted.name]
     assert parquet_rows([converted]) == records
     assert f"recovered {path.name}" in caplog.text
+
+
+@pytest.mark.parametrize("when", ["at a roll", "at recovery"])
+async def test_the_parquet_file_is_on_disk_before_the_jsonl_file_goes(
+    tmp_path: Path, secrets_seen: set[str], monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A power loss must not lose a file's receipts: the `.jsonl.open` file (long on disk)
+    may only be removed once the new `.parquet` file's data (fsync before its rename,
+    else the name can survive with no data) and its name (the directory) are on disk."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_unlink = os.fsync, Path.unlink
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        events.append(("unlink", str(self)))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    items = make_receipts(20, secrets_seen)
+    if when == "at a roll":
+        await write_groups(tmp_path, [items], file_format="parquet")
+    else:
+        leftover(tmp_path, dead_pid(), jsonl(receipt_record(r) for r in items))
+        await start_and_close(tmp_path, "parquet")
+    (parquet,) = tmp_path.iterdir()
+    assert parquet_rows([parquet]) == [receipt_record(r) for r in items]
+    source = str(parquet.with_suffix(".jsonl.open"))
+    assert events == [
+        ("fsync", f"{parquet}.tmp"),  # the data, before the name is given to it
+        ("fsync", str(tmp_path)),  # the rename
+        ("unlink", source),
+    ]
+
+
+@pytest.mark.parametrize("file_format", ["jsonl", "parquet"])
+async def test_a_later_writer_with_our_pid_in_the_same_second_keeps_both_files(
+    tmp_path: Path,
+    secrets_seen: set[str],
+    monkeypatch: pytest.MonkeyPatch,
+    file_format: ReceiptsFormat,
+) -> None:
+    """A name is the start second, the pid and a counter that each writer starts at 1: a
+    writer restarted in the same process (or a container's pid 1 restarted) within the
+    second its predecessor opened a file gets the same name. Publishing it must neither
+    replace the earlier file (jsonl) nor be taken for a leftover of it (parquet)."""
+    second = time.gmtime(1_735_689_600)
+    monkeypatch.setattr(time, "gmtime", lambda *_: second)
+    first = make_receipts(10, secrets_seen)
+    later = make_receipts(10, secrets_seen, seed=8)
+    await write_groups(tmp_path, [first], file_format=file_format)
+    await write_groups(tmp_path, [later], file_format=file_format)
+    published = sorted(tmp_path.iterdir())
+    assert [p.suffix for p in published] == [f".{file_format}"] * 2
+    assert read_records(tmp_path) == [receipt_record(r) for r in first + later]
 
 
 # --- failures of the disk, and rolling on time ------------------------------------------
