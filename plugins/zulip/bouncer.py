@@ -402,6 +402,11 @@ class Bouncer:
                 raise ZulipError("Duplicate registration detected.")
             await repo.record_analytics_ids(conn, server, ids, meta)
             rows = await repo.upsert_realms(conn, server.id, infos, complete=raw_realms is not None)
+            if any(i.uuid not in rows for i in infos):
+                # Another server claimed a realm between the check above and our insert
+                # (the unique realm UUID refused ours): the same answer as the check,
+                # and raising here rolls the whole upload back.
+                raise ZulipError("Duplicate registration detected.")
         return success(realms={i.uuid: _realm_status(server, rows.get(i.uuid)) for i in infos})
 
     async def analytics_status(self, request: web.Request, server: DbRow) -> web.Response:
@@ -419,9 +424,12 @@ class Bouncer:
         token_id = required(params, "token_id")
         encrypted = required(params, "encrypted_push_registration")
         public_key = required(params, "bouncer_public_key")
-        async with self.engine.connect() as conn:
+        async with self.engine.begin() as conn:
             realm = await self._realm(conn, server, realm_uuid, tolerate_unknown=False)
-        assert realm is not None
+            assert realm is not None
+            # Recorded at lookup and committed at once (spec §5.1 step 1, as Zulip's
+            # bouncer does): a registration that fails below still counts as a request.
+            await repo.touch_realm(conn, realm.id)
         key = self.keys.get(public_key)
         if key is None:
             raise ZulipError("Invalid bouncer_public_key", "INVALID_BOUNCER_PUBLIC_KEY")
@@ -451,7 +459,6 @@ class Bouncer:
                 apns=apns,
                 server_id=server.id,
             )
-            await repo.touch_realm(conn, realm.id)
         return success()
 
     async def e2ee_notify(self, request: web.Request, server: DbRow) -> web.Response:
@@ -707,8 +714,10 @@ class Bouncer:
                     await repo.legacy_unregister_all(
                         conn, server_id=server.id, user_id=user_id, user_uuid=user_uuid
                     )
+                # Each token once, as in the `legacy_api: true` answer and Zulip's
+                # (set differences), even when the request lists it twice.
                 return _notify_response(
-                    0, 0, sorted(android_listed), sorted(apple_listed), server, realm
+                    0, 0, sorted(set(android_listed)), sorted(set(apple_listed)), server, realm
                 )
             if not _can_push(server, realm):
                 if server.api_feature_level is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import BigInteger, and_, case, delete, literal, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -127,11 +127,19 @@ async def list_servers(conn: AsyncConnection) -> Sequence[DbRow]:
 async def record_analytics_ids(
     conn: AsyncConnection, server: DbRow, ids: Mapping[str, int], meta: Mapping[str, Any]
 ) -> None:
-    """Keep only the highest row ids seen per analytics table, plus version metadata."""
+    """Keep only the highest row ids seen per analytics table, plus version metadata.
+
+    The comparison is made by the database against the stored value, not against
+    `server` (the row read at login): two uploads of one server running at once both
+    read the old ids, and the one with the lower ids could otherwise write last and
+    lower them. The UPDATE locks the row (PostgreSQL re-evaluates the CASE on the
+    newest version; SQLite serialises writers), so the highest id always wins.
+    """
     values: dict[str, Any] = {}
     for column, seen in ids.items():
-        if seen > int(getattr(server, column) or 0):
-            values[column] = seen
+        if seen > 0:
+            stored = servers.c[column]
+            values[column] = case((stored < seen, literal(seen, BigInteger)), else_=stored)
     values.update({k: v for k, v in meta.items() if v is not None})
     await update_server(conn, server.id, **values)
 
@@ -171,13 +179,20 @@ async def realms_of_other_servers(
 async def upsert_realms(
     conn: AsyncConnection, server_id: int, infos: Sequence[RealmInfo], *, complete: bool
 ) -> dict[str, DbRow]:
-    """Create or update the server's realms; with `complete`, mark missing ones deleted."""
+    """Create or update the server's realms; with `complete`, mark missing ones deleted.
+
+    Returns this server's realms by UUID: a realm of `infos` that is missing from it
+    belongs to another server (claimed concurrently).
+    """
     now = now_utc()
     existing = {
         r.uuid: r
         for r in (await conn.execute(select(realms).where(realms.c.server_id == server_id))).all()
     }
-    for info in infos:
+    # In UUID order: two uploads claiming the same new realms in opposite orders would
+    # each wait on the other's uncommitted insert (a deadlock PostgreSQL breaks with an
+    # error, a 500) instead of one of them getting "Duplicate registration detected.".
+    for info in sorted(infos, key=lambda i: i.uuid):
         values: dict[str, Any] = {
             "host": info.host,
             "name": info.name,
@@ -201,7 +216,10 @@ async def upsert_realms(
                         )
                     )
             except IntegrityError:
-                # Created concurrently: by this server (fine) or another (checked before).
+                # Created concurrently, by this server (fine: update it) or by another
+                # one whose transaction committed after the caller's "Duplicate
+                # registration" check. Then nothing is updated, the realm is missing
+                # from the result, and the caller must refuse the upload.
                 await conn.execute(
                     update(realms)
                     .where(realms.c.uuid == info.uuid, realms.c.server_id == server_id)
