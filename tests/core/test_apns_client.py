@@ -306,27 +306,29 @@ async def test_no_answer_times_out_and_frees_the_stream(
 
 
 async def test_connection_refused_is_transient(tmp_path: Path, secrets_seen: set[str]) -> None:
+    """The failure itself ends the send: aioapns would sleep a fixed second after a
+    failed connect even on its last attempt (`max_connection_attempts=1`), holding the
+    lane slot, and say only `MaxAttemptsExceeded`."""
     key = generate_apns_auth_key()
-    keyfile = key.write_p8(tmp_path / "k.p8")
-    with contextlib.closing(__import__("socket").socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = ApnsAppConfig(
-        keyfile=keyfile,
-        key_id=key.key_id,
-        team_id=key.team_id,
-        topic=TOPIC,
-        host="127.0.0.1",
-        port=port,
-        request_timeout=3.0,
-    )
-    client = ApnsClient("ios", config)
-    await client.start()
-    try:
-        attempt = await send(client, push_for(token()), secrets_seen)
-    finally:
-        await client.close()
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        config = ApnsAppConfig(
+            keyfile=key.write_p8(tmp_path / "k.p8"),
+            key_id=key.key_id,
+            team_id=key.team_id,
+            topic=TOPIC,
+            host="127.0.0.1",
+            port=s.getsockname()[1],
+            request_timeout=3.0,
+        )
+        client = ApnsClient("ios", config)
+        await client.start()
+        try:
+            attempt = await send(client, push_for(token()), secrets_seen)
+        finally:
+            await client.close()
     assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.CONNECTION_ERROR)
+    assert attempt.detail is not None and attempt.detail.startswith("ConnectionRefusedError")
 
 
 async def test_send_before_start_is_transient(tmp_path: Path) -> None:
@@ -769,36 +771,6 @@ async def test_goaway_then_send_at_once_uses_a_new_connection(
     await asyncio.wait_for(goaway_seen(), 5)
     attempt = await send(client, push_for(token()), secrets_seen)
     assert attempt.outcome is Outcome.OK
-
-
-async def test_a_refused_connection_ends_the_send_at_once(
-    tmp_path: Path, secrets_seen: set[str]
-) -> None:
-    """aioapns sleeps a fixed second after a failed connect even on its last attempt
-    (`max_connection_attempts=1`): every send to an unreachable APNs held its lane slot
-    a second longer, and its detail said only `MaxAttemptsExceeded`."""
-    key = generate_apns_auth_key()
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-        port = s.getsockname()[1]
-        config = ApnsAppConfig(
-            keyfile=key.write_p8(tmp_path / "k.p8"),
-            key_id=key.key_id,
-            team_id=key.team_id,
-            topic=TOPIC,
-            host="127.0.0.1",
-            port=port,
-            request_timeout=5.0,
-        )
-        client = ApnsClient("ios", config)
-        await client.start()
-        try:
-            attempt = await send(client, push_for(token()), secrets_seen)
-        finally:
-            await client.close()
-    assert (attempt.outcome, attempt.reason) == (Outcome.TRANSIENT, Reason.CONNECTION_ERROR)
-    # the failure itself, not aioapns's MaxAttemptsExceeded after its one-second sleep
-    assert attempt.detail is not None and attempt.detail.startswith("ConnectionRefusedError")
 
 
 @pytest.mark.parametrize("window", [1024, 4096])
