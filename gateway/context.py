@@ -150,6 +150,21 @@ class CommandContext:
             self._loaded = self._loader(self.config_path)
         return self._loaded
 
+    def plugin_section(self, name: str) -> dict[str, Any]:
+        """A plugin's config section as written (file plus `PUSHGW__...` overrides), not
+        validated against the plugin's model.
+
+        For commands that create or repair what their section points at: validating the
+        section reads a `*_file` key's file, so a file that does not exist yet, or holds
+        the very entry the command is to remove, would refuse the command that fixes it.
+        The core sections are still validated (`ConfigError`).
+        """
+        if self._loaded is not None:
+            return dict(self._loaded.settings.plugins.section(name))
+        from gateway.config import load_settings  # only commands need the loader here
+
+        return load_settings(self.config_path).plugins.section(name)
+
     @contextlib.asynccontextmanager
     async def open_store(self) -> AsyncIterator[Store]:
         """The configured store, migrated as at start-up (when `store.auto_upgrade`),

@@ -128,36 +128,58 @@ def _config(loaded: Any) -> ZulipConfig:
 def _keys_file(args: argparse.Namespace, command_context: CommandContext) -> Path | None:
     if args.file:
         return Path(args.file)
-    loaded = command_context.load()
-    raw = loaded.settings.plugins.section(PLUGIN).get("bouncer_keys_file")
+    # The section as written, not validated: validation reads the key file, so a file
+    # not created yet (the first `keys generate` of the documented set-up) or holding the
+    # broken entry `keys remove` is to take out would refuse the command that fixes it.
+    raw = command_context.plugin_section(PLUGIN).get("bouncer_keys_file")
     return Path(str(raw)).expanduser() if raw else None
 
 
+class KeyFileError(Exception):
+    """The key file cannot be read, parsed or written; the message is one line without
+    key material."""
+
+
 def _read_keys(path: Path) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    text = path.read_text().strip()
-    data = json.loads(text) if text else {}
+    try:
+        if not path.exists():
+            return {}
+        text = path.read_text().strip()
+    except OSError as exc:  # a directory, a file of another user, ...
+        raise KeyFileError(f"{path}: cannot read: {exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError:
+        raise KeyFileError(f"{path}: not UTF-8 text") from None
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        data = None
     if not isinstance(data, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in data.items()
     ):
-        raise ValueError("the key file must hold a JSON object {public: private}")
+        raise KeyFileError(f"{path}: the key file must hold a JSON object {{public: private}}")
     return data
 
 
 def _write_keys(path: Path, keys: dict[str, str]) -> None:
     """Atomically, readable by the owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".zulip-keys-", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".zulip-keys-", dir=path.parent)
+    except OSError as exc:
+        raise KeyFileError(f"{path}: cannot write: {exc.strerror or type(exc).__name__}") from None
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as out:
             json.dump(keys, out, indent=2)
             out.write("\n")
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # a full disk, `path` is a directory, ...
+            raise KeyFileError(
+                f"{path}: cannot write: {exc.strerror or type(exc).__name__}"
+            ) from None
         raise
 
 
@@ -247,13 +269,13 @@ def cmd_keys_generate(args: argparse.Namespace, command_context: CommandContext)
     path = _keys_file(args, command_context)
     if path is None:
         return _fail(NO_KEYS_FILE, EXIT_USAGE)
+    public, private = generate_bouncer_key()
     try:
         keys = _read_keys(path)
-    except ValueError as exc:
-        return _fail(f"{path}: {exc}")
-    public, private = generate_bouncer_key()
-    keys[public] = private
-    _write_keys(path, keys)
+        keys[public] = private
+        _write_keys(path, keys)
+    except KeyFileError as exc:
+        return _fail(str(exc))
     print(public)
     print(
         f"added to {path}; restart pushgw, then build the app with this public key",
@@ -266,7 +288,9 @@ def cmd_keys_list(args: argparse.Namespace, command_context: CommandContext) -> 
     if args.file:
         try:
             publics = list(load_bouncer_keys(_read_keys(Path(args.file))))
-        except (ValueError, CryptoError) as exc:
+        except KeyFileError as exc:
+            return _fail(str(exc))
+        except CryptoError as exc:
             return _fail(f"{args.file}: {exc}")
     else:
         publics = list(_config(command_context.load()).bouncer_keys)
@@ -281,12 +305,12 @@ def cmd_keys_remove(args: argparse.Namespace, command_context: CommandContext) -
         return _fail(NO_KEYS_FILE, EXIT_USAGE)
     try:
         keys = _read_keys(path)
-    except ValueError as exc:
-        return _fail(f"{path}: {exc}")
-    if args.public_key not in keys:
-        return _fail("no such public key")
-    del keys[args.public_key]
-    _write_keys(path, keys)
+        if args.public_key not in keys:
+            return _fail("no such public key")
+        del keys[args.public_key]
+        _write_keys(path, keys)
+    except KeyFileError as exc:
+        return _fail(str(exc))
     print(f"removed {args.public_key}; restart pushgw to stop accepting it", file=sys.stderr)
     return 0
 

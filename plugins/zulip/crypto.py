@@ -120,18 +120,38 @@ def generate_bouncer_key() -> tuple[str, str]:
 def load_bouncer_keys(keys: Mapping[str, str]) -> dict[str, BouncerKey]:
     """Check a `{base64 public: base64 private}` map: each private half must derive its public."""
     out: dict[str, BouncerKey] = {}
-    for public, private_b64 in keys.items():
+    for number, (public, private_b64) in enumerate(keys.items(), 1):
+        # Entries are named by position, never by the map key: until the pair checks out,
+        # that key may be a private half (a map written `{private: public}`), and these
+        # messages reach `check-config`, the server log and the CLI.
+        where = f"bouncer key {number} of {len(keys)}"
         try:
             raw = b64decode_strict(private_b64)
         except CryptoError:
-            raise CryptoError(f"bouncer key {public}: private key is not base64") from None
+            raise CryptoError(f"{where}: private key is not base64") from None
         if len(raw) != _KEY_LEN:
-            raise CryptoError(f"bouncer key {public}: private key is not 32 bytes")
+            raise CryptoError(f"{where}: private key is not 32 bytes")
         private = nacl.public.PrivateKey(raw)
         if b64encode(bytes(private.public_key)) != public:
-            raise CryptoError(f"bouncer key {public}: private key does not match the public key")
+            if _derives(public, private_b64):
+                raise CryptoError(
+                    f"{where}: public and private halves are swapped (the map is "
+                    "{public: private})"
+                )
+            raise CryptoError(f"{where}: private key does not match the public key")
         out[public] = BouncerKey(public, private)
     return out
+
+
+def _derives(private_b64: str, public: str) -> bool:
+    """Whether `private_b64` is a private key whose public half is `public`."""
+    try:
+        raw = b64decode_strict(private_b64)
+    except CryptoError:
+        return False
+    if len(raw) != _KEY_LEN:
+        return False
+    return b64encode(bytes(nacl.public.PrivateKey(raw).public_key)) == public
 
 
 def seal_registration(public_key: str, plaintext: bytes) -> str:
