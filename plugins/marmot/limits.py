@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Iterable
 __all__ = ["DualRateLimiter", "KeyedLimiter", "LruSet", "TtlLru"]
 
 Clock = Callable[[], float]
+_NS = 1_000_000_000
 
 
 class LruSet:
@@ -91,17 +92,26 @@ class DualRateLimiter:
     def __init__(self, per_minute: int, per_hour: int, clock: Clock = time.monotonic) -> None:
         if per_minute < 1 or per_hour < 1:
             raise ValueError("rate limits must be >= 1")
-        self._interval = (60.0 / per_minute, 3600.0 / per_hour)
+        # The schedule is kept in integer nanoseconds. In float seconds, adding 60/n once per
+        # event drifts a few ulps over a burst, enough to refuse the n-th event at some clock
+        # values (600/min admitted 599 with the clock at 0.0). In integers the burst is exactly
+        # n however the interval was rounded.
+        self._interval = (
+            max(1, round(60 * _NS / per_minute)),
+            max(1, round(3600 * _NS / per_hour)),
+        )
         # GCRA: admit while tat - now <= tolerance; tolerance = (burst - 1) * interval
         self._burst = ((per_minute - 1) * self._interval[0], (per_hour - 1) * self._interval[1])
         self.clock = clock
 
-    def admit(self, state: list[float], now: float) -> bool:
-        """Try to admit one event against ``state`` ([tat_minute, tat_hour]); update on success."""
+    def admit(self, state: list[int], now: float) -> bool:
+        """Try to admit one event against ``state`` ([tat_minute, tat_hour], in ns); update on
+        success. ``now`` is in seconds, from ``clock``."""
         i0, i1 = self._interval
-        t0 = max(state[0], now)
-        t1 = max(state[1], now)
-        if t0 - now > self._burst[0] or t1 - now > self._burst[1]:
+        now_ns = round(now * _NS)
+        t0 = max(state[0], now_ns)
+        t1 = max(state[1], now_ns)
+        if t0 - now_ns > self._burst[0] or t1 - now_ns > self._burst[1]:
             return False
         state[0] = t0 + i0
         state[1] = t1 + i1
@@ -118,7 +128,7 @@ class KeyedLimiter:
     ) -> None:
         self.limiter = DualRateLimiter(per_minute, per_hour, clock)
         self.capacity = capacity
-        self._states: OrderedDict[Hashable, list[float]] = OrderedDict()
+        self._states: OrderedDict[Hashable, list[int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -135,7 +145,7 @@ class KeyedLimiter:
         for key in keys:
             state = get(key)
             if state is None:
-                state = states[key] = [0.0, 0.0]
+                state = states[key] = [0, 0]
                 if len(states) > capacity:
                     states.popitem(last=False)
             else:
