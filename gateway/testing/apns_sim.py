@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import re
 import time
@@ -69,7 +70,7 @@ from h2.events import (
     StreamReset,
     WindowUpdated,
 )
-from h2.exceptions import ProtocolError
+from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 from hpack import hpack as hpack_module
 
@@ -424,6 +425,14 @@ class _ApnsConnection(asyncio.Protocol):
             self.flush()
             self.close()
             return
+        except UnicodeDecodeError:
+            # A header that is not UTF-8: h2 gives up half-way through the frame without
+            # queueing anything. Refuse it as any malformed frame is refused, with GOAWAY
+            # PROTOCOL_ERROR, instead of letting the exception tear the connection down.
+            self.h2.close_connection(error_code=ErrorCodes.PROTOCOL_ERROR)
+            self.flush()
+            self.close()
+            return
         for event in events:
             kind = type(event)
             if kind is RequestReceived:
@@ -435,7 +444,8 @@ class _ApnsConnection(asyncio.Protocol):
                     continue
                 early = self.sim.answer_before_body
                 if early is not None and event.stream_ended is None:
-                    self.sim._answer_before_body(self, event.stream_id, early)  # type: ignore[arg-type]
+                    apns_id = next((v for k, v in event.headers if k == "apns-id"), None)  # type: ignore[union-attr]
+                    self.sim._answer_before_body(self, event.stream_id, early, apns_id)  # type: ignore[arg-type]
                     continue
                 headers: list[tuple[str, str]] = event.headers  # type: ignore[assignment]
                 self.streams[event.stream_id] = _Stream(headers)  # type: ignore[index]
@@ -902,14 +912,19 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         return json.dumps(error).encode()
 
     def _answer_before_body(
-        self, conn: _ApnsConnection, stream_id: int, response: ApnsResponse
+        self, conn: _ApnsConnection, stream_id: int, response: ApnsResponse, apns_id: str | None
     ) -> None:
         status = response.status
         reason = response.reason or _DEFAULT_REASONS.get(status)
         payload = self._error_body(status, reason, response) if status != 200 else None
-        conn.respond(stream_id, str(uuid.uuid4()).upper(), status, payload, None)
+        # APNs echoes the request's apns-id in every answer, an early one too
+        conn.respond(stream_id, apns_id or str(uuid.uuid4()).upper(), status, payload, None)
         if self.reset_after_early_answer:
-            conn.h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+            # When the body (with END_STREAM) came in the same read as the headers, as a
+            # small one does, h2 had already half-closed the stream: our answer closed it
+            # and there is no body left to stop.
+            with contextlib.suppress(StreamClosedError):
+                conn.h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
 
     def _handle(self, conn: _ApnsConnection, stream_id: int, stream: _Stream) -> None:
         body = bytes(stream.body)

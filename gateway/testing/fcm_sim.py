@@ -3,11 +3,13 @@
 - `POST /token`: the service-account JWT-bearer grant
   (`grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer&assertion=<JWT>`).
   The RS256 assertion is verified against the accounts registered with
-  `add_service_account` (any well-formed JWT is accepted when none is), and the
+  `add_service_account` (any well-formed JWT is accepted when none is); an
+  assertion without a scope is 400 `invalid_scope`, as Google answers it. The
   answer is `{"access_token", "expires_in", "token_type": "Bearer"}`.
 - `POST /v1/projects/{project_id}/messages:send`: needs `Authorization: Bearer
   <issued token>` (else 401 `UNAUTHENTICATED`, no FcmError detail), validates
-  the message like FCM (specs/providers.md §3.1) and then answers with the
+  the message like FCM (specs/providers.md §3.1; unknown field names in `message`
+  and `message.android` are refused as FCM's parser refuses them) and then answers with the
   scripted response for the token (see `script`, `script_all`) or success
   `{"name": "projects/<id>/messages/<n>"}`.
 
@@ -74,6 +76,20 @@ _MAX_TTL_SECONDS = 2_419_200.0
 _TOKEN_DATA_LIMIT = 4096
 _TOPIC_DATA_LIMIT = 2048
 _ANDROID_PRIORITIES = frozenset({"high", "normal", "HIGH", "NORMAL"})
+# FCM parses the JSON into its protobuf (v1 `Message`, `AndroidConfig`) and refuses names
+# it does not know; proto3 JSON accepts each field's snake_case and lowerCamelCase names.
+_MESSAGE_FIELDS = frozenset(
+    {"name", "data", "notification", "android", "webpush", "apns", "token", "topic", "condition"}
+    | {"fcm_options", "fcmOptions"}
+)
+_ANDROID_FIELDS = frozenset(
+    {"priority", "ttl", "data", "notification"}
+    | {"collapse_key", "collapseKey", "restricted_package_name", "restrictedPackageName"}
+    | {"fcm_options", "fcmOptions", "direct_boot_ok", "directBootOk"}
+    | {"bandwidth_constrained_ok", "bandwidthConstrainedOk"}
+    | {"restricted_satellite_ok", "restrictedSatelliteOk"}
+)
+_INVALID_SCOPE = "Invalid OAuth scope or ID token audience provided."  # Google's words
 _UNAUTHENTICATED_MESSAGE = (
     "Request had invalid authentication credentials. Expected OAuth 2 access token, login "
     "cookie or other valid authentication credential. See "
@@ -347,6 +363,26 @@ def _json_response(
     )
 
 
+def _unknown_field(obj: Mapping[str, Any], known: frozenset[str], where: str) -> FcmResponse | None:
+    """FCM's 400 for the first name of `obj` its protobuf does not have (a JSON parse
+    error: BadRequest detail, no FcmError)."""
+    name = next((key for key in obj if key not in known), None)
+    if name is None:
+        return None
+    message = (
+        f"Invalid JSON payload received. Unknown name {json.dumps(name)} at '{where}': "
+        "Cannot find field."
+    )
+    violation = {"field": where, "description": message}
+    return FcmResponse(
+        400,
+        "INVALID_ARGUMENT",
+        message,
+        None,
+        ({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]},),
+    )
+
+
 class FcmSimulator(SimulatorBase[FcmRequest]):
     """Fake FCM HTTP v1 + OAuth token endpoint running in the current event loop.
 
@@ -566,6 +602,10 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
             except InvalidSignature:
                 return "Invalid JWT Signature.", None
             project_id = account.project_id
+        if not scopes:
+            # Google refuses a grant without a scope (400 invalid_scope); issuing a token
+            # anyway would hide a client that forgot firebase.messaging.
+            return _INVALID_SCOPE, None
         issued = _IssuedToken(now + self.token_lifetime, iss, project_id, scopes)
         return None, issued
 
@@ -592,7 +632,8 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
             )
         error, issued = self._verify_assertion(assertion)
         if error is not None or issued is None:
-            return _json_response({"error": "invalid_grant", "error_description": error}, 400)
+            code = "invalid_scope" if error == _INVALID_SCOPE else "invalid_grant"
+            return _json_response({"error": code, "error_description": error}, 400)
         access_token = "ya29.sim-" + secrets.token_urlsafe(32)
         self._tokens[access_token] = issued
         self.tokens_issued += 1
@@ -631,6 +672,9 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
             return FcmResponse.invalid_argument(
                 "Exactly one of token, topic or condition must be specified.", field="message"
             )
+        unknown = _unknown_field(message, _MESSAGE_FIELDS, "message")
+        if unknown is not None:
+            return unknown
         token = message.get("token")
         if "token" in message and (not isinstance(token, str) or not token):
             return FcmResponse.invalid_token()
@@ -666,6 +710,9 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
                 return FcmResponse.invalid_argument(
                     "Invalid value at 'message.android'.", field="message.android"
                 )
+            unknown = _unknown_field(android, _ANDROID_FIELDS, "message.android")
+            if unknown is not None:
+                return unknown
             ttl = android.get("ttl")
             if ttl is not None and (
                 not isinstance(ttl, str)

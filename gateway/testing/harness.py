@@ -88,8 +88,22 @@ class GatewayHarness:
     async def __aenter__(self) -> GatewayHarness:
         self.gateway = load_gateway(data=self.config, extra_plugins=self.extra_plugins)
         app = create_app(self.gateway)
-        self._client = TestClient(TestServer(app))
-        await self._client.start_server()
+        client = TestClient(TestServer(app))
+        try:
+            await client.start_server()
+        except BaseException:
+            # A failing start-up step (a plugin service, a migration...) leaves the
+            # contexts that had started running: aiohttp unwinds them only on the
+            # runner's cleanup, which TestClient.close() skips for a server that never
+            # started. `pushgw serve` (web.run_app) does clean up; do as it does.
+            try:
+                runner = client.server.runner
+                if runner is not None:
+                    await runner.cleanup()
+            finally:
+                await client.close()
+            raise
+        self._client = client
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -16,6 +16,7 @@ from aioapns import APNs, NotificationRequest, PushType
 from aioapns.connection import APNsProductionClientProtocol
 from h2.config import H2Configuration
 from h2.connection import H2Connection
+from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
@@ -618,3 +619,70 @@ async def test_serve_simulators_state_dir_works_with_aioapns(tmp_path: Path) -> 
         assert info.apns.jwts_seen == 1
     finally:
         await info.stop()
+
+
+# -- odd requests and early answers ------------------------------------------------------
+
+
+async def test_early_answer_when_the_body_came_with_the_headers(
+    apns_simulator: ApnsSimulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`answer_before_body` for a request whose DATA (with END_STREAM) arrived in the
+    same read as its HEADERS, as a small body does: h2 has already half-closed the
+    stream, so the answer closes it and there is nothing left to reset. The answer must
+    arrive and the connection go on, not die of a StreamClosedError."""
+    apns_simulator.answer_before_body = ApnsResponse(413, "PayloadTooLarge")
+    client = await RawH2Client.connect(apns_simulator)
+    result = await client.request()  # HEADERS and DATA leave in one write
+    assert (result.status, result.json) == (413, {"reason": "PayloadTooLarge"})
+    apns_simulator.answer_before_body = None
+    assert (await client.request()).status == 200
+    assert apns_simulator.connections_opened == 1
+    assert "Fatal error" not in caplog.text
+    await client.close()
+
+
+async def test_early_answer_echoes_the_apns_id(apns_simulator: ApnsSimulator) -> None:
+    """APNs echoes the request's `apns-id` in every answer (specs/providers.md §2.1),
+    an early one too."""
+    apns_simulator.answer_before_body = ApnsResponse(413, "PayloadTooLarge")
+    apns_simulator.reset_after_early_answer = False
+    client = await RawH2Client.connect(apns_simulator)
+    apns_id = "0f3d2a6c-8c59-4d7a-9c7e-5f6b1c2d3e4f"
+    result = await client.request(headers={"apns-id": apns_id})
+    assert result.status == 413
+    assert result.headers["apns-id"] == apns_id
+    await client.close()
+
+
+async def test_a_header_that_is_not_utf8_gets_a_goaway(
+    apns_simulator: ApnsSimulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Odd bytes from the client under test end its connection with GOAWAY
+    PROTOCOL_ERROR, as any malformed frame does, not with an exception escaping the
+    protocol (logged by asyncio as a fatal error, the TCP connection torn down)."""
+    client = await RawH2Client.connect(apns_simulator)
+    stream_id = client.h2.get_next_available_stream_id()
+    client.results[stream_id] = StreamResult()
+    fut: asyncio.Future[StreamResult] = asyncio.get_running_loop().create_future()
+    client.futures[stream_id] = fut
+    client.h2.send_headers(
+        stream_id,
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"https"),
+            (b":path", f"/3/device/{TOKEN}".encode()),
+            (b":authority", b"api.push.apple.com"),
+            (b"apns-topic", b"\xff\xfe"),
+        ],
+    )
+    client.h2.send_data(stream_id, b"{}", end_stream=True)
+    client._flush()
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(fut, 5)
+    await asyncio.wait_for(client.closed.wait(), 5)
+    assert client.goaway is not None
+    assert client.goaway.error_code == ErrorCodes.PROTOCOL_ERROR
+    assert "Fatal error" not in caplog.text
+    assert apns_simulator.open_connections == 0
+    await client.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -218,13 +219,15 @@ async def test_token_expiry_follows_clock(session: aiohttp.ClientSession) -> Non
         assert (await send(session, sim, {"token": "t"}, grant["access_token"]))[0] == 401
 
 
-def _unsigned_assertion(now: float) -> str:
+def _unsigned_assertion(now: float, scope: str | None = FCM_SCOPE) -> str:
     import base64
 
     def part(obj: dict[str, Any]) -> str:
         return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
 
-    claims = {"iss": "a@b.c", "iat": int(now), "exp": int(now) + 3600, "scope": FCM_SCOPE}
+    claims: dict[str, Any] = {"iss": "a@b.c", "iat": int(now), "exp": int(now) + 3600}
+    if scope is not None:
+        claims["scope"] = scope
     return f"{part({'alg': 'RS256'})}.{part(claims)}.c2ln"
 
 
@@ -443,3 +446,89 @@ async def _token_with(
     ) as resp:
         assert resp.status == 200
         return str((await resp.json())["access_token"])
+
+
+# -- what Google refuses, the simulator refuses ------------------------------------------
+
+
+async def test_assertion_without_scope_is_refused(
+    fcm_simulator: FcmSimulator, fcm_service_account: dict[str, str]
+) -> None:
+    """Google's token endpoint answers 400 `invalid_scope` to a JWT-bearer grant whose
+    assertion names no scope (specs/providers.md §3.1: the scope is firebase.messaging);
+    issuing a token anyway would hide a gateway that forgot it."""
+    creds = service_account.Credentials.from_service_account_info(fcm_service_account)
+    with pytest.raises(google.auth.exceptions.RefreshError, match="invalid_scope"):
+        await asyncio.to_thread(creds.refresh, google.auth.transport.requests.Request())
+    assert fcm_simulator.tokens_issued == 0
+
+
+async def test_assertion_without_scope_is_refused_with_no_account_registered(
+    fcm_simulator: FcmSimulator, session: aiohttp.ClientSession
+) -> None:
+    assertion = _unsigned_assertion(time.time(), scope=None)
+    async with session.post(
+        fcm_simulator.token_uri,
+        data={"grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer", "assertion": assertion},
+    ) as resp:
+        assert resp.status == 400
+        assert (await resp.json())["error"] == "invalid_scope"
+    assert fcm_simulator.tokens_issued == 0
+
+
+@pytest.mark.parametrize(
+    ("message", "name", "where"),
+    [
+        ({"token": "t", "priority": "high"}, "priority", "message"),  # legacy API's place
+        ({"token": "t", "andriod": {}}, "andriod", "message"),
+        ({"token": "t", "android": {"time_to_live": 60}}, "time_to_live", "message.android"),
+    ],
+)
+async def test_unknown_message_fields_are_refused(
+    fcm_simulator: FcmSimulator,
+    bearer: str,
+    session: aiohttp.ClientSession,
+    message: dict[str, Any],
+    name: str,
+    where: str,
+) -> None:
+    """FCM parses the message into its protobuf and refuses names it does not know:
+    a field in the wrong place (or misspelt) is a 400 there, not a silent success."""
+    status, body, _ = await send(session, fcm_simulator, message, bearer)
+    assert status == 400
+    error = body["error"]
+    expected = (
+        f"Invalid JSON payload received. Unknown name \"{name}\" at '{where}': Cannot find field."
+    )
+    assert (error["status"], error["message"]) == ("INVALID_ARGUMENT", expected)
+    [violation] = error["details"][0]["fieldViolations"]
+    assert violation == {"field": where, "description": expected}
+    assert not token_violation(body)
+
+
+async def test_every_documented_message_field_is_accepted(
+    fcm_simulator: FcmSimulator, bearer: str, session: aiohttp.ClientSession
+) -> None:
+    message = {
+        "token": "t",
+        "name": "",
+        "data": {"k": "v"},
+        "notification": {"title": "t"},
+        "android": {
+            "collapse_key": "c",
+            "priority": "high",
+            "ttl": "60s",
+            "restricted_package_name": "com.example",
+            "data": {"k": "v"},
+            "notification": {"title": "t"},
+            "fcm_options": {"analytics_label": "l"},
+            "direct_boot_ok": True,
+            "collapseKey": "c",  # proto3 JSON names are accepted too
+            "directBootOk": True,
+        },
+        "apns": {"headers": {"apns-priority": "10"}},
+        "webpush": {"headers": {}},
+        "fcm_options": {"analytics_label": "l"},
+        "fcmOptions": {"analyticsLabel": "l"},
+    }
+    assert (await send(session, fcm_simulator, message, bearer))[0] == 200
