@@ -315,22 +315,33 @@ async def _services_ctx(app: web.Application) -> AsyncIterator[None]:
     gateway = app[GATEWAY]
     started: list[Service] = []
     first = first_worker()
-    for name in gateway.registry.names:
-        for service in (
-            gateway.registry.call(name, "pushgw_services", context=gateway.contexts[name]) or ()
-        ):
-            if getattr(service, "one_per_gateway", False) and not first:
-                continue  # another worker runs it: every event is handled exactly once
-            await service.start()
-            started.append(service)
+    try:
+        for name in gateway.registry.names:
+            for service in (
+                gateway.registry.call(name, "pushgw_services", context=gateway.contexts[name]) or ()
+            ):
+                if getattr(service, "one_per_gateway", False) and not first:
+                    continue  # another worker runs it: every event is handled exactly once
+                await service.start()
+                started.append(service)
+    except BaseException:
+        # A context that raises before its `yield` is not cleaned up by aiohttp: the
+        # services already started are stopped here, or they would run on (relay
+        # connections, tasks) in a gateway that never started.
+        await _stop_services(started)
+        raise
     gateway.services = started
     yield
+    await _stop_services(started)
+    gateway.services = []
+
+
+async def _stop_services(started: list[Service]) -> None:
     for service in reversed(started):
         try:
             await service.stop()
         except Exception:
             log.exception("service %s failed to stop cleanly", service.name)
-    gateway.services = []
 
 
 async def _metrics_server_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -55,3 +55,26 @@ async def test_a_start_up_failure_leaves_nothing_running(tmp_path: Path) -> None
     left = {task.get_name() for task in asyncio.all_tasks() - before if not task.done()}
     assert left == set()
     assert not [w for w in caught if "Unclosed" in str(w.message)]
+
+
+class _RecordingService(_FailingService):
+    """A service that starts: it must be stopped when a later one fails to start."""
+
+    name = "recording"
+
+    async def start(self) -> None:
+        return None
+
+
+async def test_services_started_before_a_failing_one_are_stopped(tmp_path: Path) -> None:
+    started_first = _RecordingService()
+
+    class Plugin:
+        @hookimpl
+        def pushgw_services(self, context: PluginContext) -> list[Any]:
+            return [started_first, _FailingService()]
+
+    with pytest.raises(RuntimeError, match="relay unreachable"):
+        async with GatewayHarness(base_config(tmp_path, {}), extra_plugins={"two": Plugin()}):
+            pass  # pragma: no cover - start-up fails
+    assert started_first.stopped
