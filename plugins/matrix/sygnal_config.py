@@ -14,8 +14,8 @@
 
 Unknown keys are reported with their key path: as warnings by default (Sygnal itself
 warns and carries on), as errors with `strict=True`. Real mistakes (a `webpush` app,
-an invalid `platform`, missing credentials...) raise `SygnalConfigError` listing every
-problem with its path.
+an invalid `platform`, missing credentials, no apps at all, a proxy that is not
+`http://host`...) raise `SygnalConfigError` listing every problem with its path.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -59,6 +60,25 @@ def _mapping(value: Any, path: str, problems: list[str]) -> dict[str, Any]:
         problems.append(f"{path}: expected a mapping")
         return {}
     return dict(value)
+
+
+def _proxy_url(value: str) -> str | None:
+    """The proxy as `http://[user:password@]host[:port]`, or None when unusable.
+
+    Sygnal refuses at start-up a proxy that is not `http` or names no host (and assumes
+    `http` when the scheme is missing); the core tunnels with HTTP CONNECT only, so such
+    a proxy would otherwise surface as a traceback from `serve` (the APNs client refuses
+    it) or as every FCM push failing. The URL may carry a password: callers must not
+    echo it.
+    """
+    try:
+        parts = urlsplit(value, scheme="http")
+        port = parts.port  # ValueError unless a number from 0 to 65535
+    except ValueError:
+        return None
+    if parts.scheme != "http" or not parts.hostname or port == 0:
+        return None
+    return parts.geturl()
 
 
 def translate_sygnal_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -135,15 +155,25 @@ def translate_sygnal_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], li
 
     proxy = data.get("proxy")
     delivery = dict(_mapping(native.pop("delivery", None), "pushgw.delivery", problems))
-    if proxy is not None:
-        if not isinstance(proxy, str):
-            problems.append("proxy: expected a URL string")
+    if proxy is not None and proxy != "":  # Sygnal: an empty proxy is no proxy
+        url = _proxy_url(proxy) if isinstance(proxy, str) else None
+        if url is None:
+            # The value is not shown: it may hold the proxy password.
+            problems.append(
+                "proxy: expected an HTTP CONNECT proxy URL, http://[user:password@]host[:port]"
+                " (only http is supported, as in Sygnal)"
+            )
         else:
-            delivery["proxy"] = proxy
+            delivery["proxy"] = url
     if delivery:
         config["delivery"] = delivery
 
-    apps = _mapping(data.get("apps"), "apps", problems)
+    raw_apps = data.get("apps")
+    apps = _mapping(raw_apps, "apps", problems)
+    if not apps and (raw_apps is None or isinstance(raw_apps, Mapping)):
+        # Sygnal refuses to start without apps ("No app IDs are configured"). Started,
+        # pushgw would reject every pushkey, and Synapse deletes a rejected pusher.
+        problems.append("apps: no app IDs are configured; define at least one app")
     for name, app in apps.items():
         if not isinstance(app, Mapping):
             problems.append(f"apps.{name}: expected a mapping")

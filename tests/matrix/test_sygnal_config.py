@@ -96,7 +96,9 @@ def test_loads_into_a_gateway(credentials: dict[str, str], tmp_path: Path) -> No
 
 
 def test_defaults(credentials: dict[str, str]) -> None:
-    config, _ = translate_sygnal_config({"apps": {}})
+    # One app: a Sygnal config without any is refused (test_review_msc3013.py).
+    android = sygnal(credentials)["apps"]["com.example.android"]
+    config, _ = translate_sygnal_config({"apps": {"com.example.android": android}})
     assert config["server"] == {"host": "127.0.0.1", "port": 5000}
     assert "metrics_port" not in config["server"]
 
