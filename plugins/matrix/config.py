@@ -206,6 +206,10 @@ class MatrixConfig(ConfigModel):
     def _translate(self) -> MatrixConfig:
         core: dict[str, CoreApp] = {}
         problems = []
+        if not self.apps:
+            # Every pushkey would be rejected, and Synapse deletes a rejected pusher:
+            # a start-up error instead (spec §1.2), as Sygnal refuses to start.
+            problems.append("apps: no app IDs are configured; define at least one app")
         for name, app in self.apps.items():
             try:
                 core[name] = core_app_config(name, app)

@@ -46,8 +46,6 @@ def pushgw_apps(context: PluginContext) -> Mapping[str, ApnsAppConfig | FcmAppCo
     for name, app in config.apps.items():
         for key in app.unknown_keys:
             log.warning("plugins.matrix.apps.%s.%s: unknown key, ignored", name, key)
-    if not config.apps:
-        log.warning("plugins.matrix: no apps configured; every pushkey will be rejected")
     return config.core_apps
 
 

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from gateway.app import load_gateway
 from gateway.testing.apns_sim import ApnsSimulator, generate_apns_auth_key
 from gateway.testing.fcm_sim import FcmSimulator, make_service_account
 from gateway.testing.harness import GatewayHarness
@@ -113,3 +115,15 @@ async def test_webpush_app_fails_startup(tmp_path: Path) -> None:
     _, err = await proc.communicate()
     assert proc.returncode == 2
     assert "apps.web.type" in err.decode() and "webpush" in err.decode()
+
+
+def test_native_config_without_apps_fails_startup(tmp_path: Path) -> None:
+    """Every pushkey would be rejected, and Synapse deletes a rejected pusher (§1.2):
+    `plugins.matrix` enabled with no app is a start-up error, as in a Sygnal config."""
+    from gateway.config import ConfigError
+    from gateway.testing.harness import base_config
+
+    config = base_config(tmp_path, {})
+    config["plugins"] = {"enabled": ["matrix"]}
+    with pytest.raises(ConfigError, match=r"plugins\.matrix.*no app IDs are configured"):
+        load_gateway(data=config)
