@@ -7,7 +7,9 @@ without a hash, e.g. Marmot's, are never considered) is retired when either:
    `token_invalid`, the provider saying the token will never work again) and no `ok`
    receipt after the last such one (a later success proves the token alive). Add
    `permanent` to the option to also retire tokens whose pushes were refused as
-   malformed, which is usually a gateway or plugin bug, not a dead token.
+   malformed, which is usually a gateway or plugin bug, not a dead token. A receipt
+   the mass-invalidation guard held (`permanent` / `invalidation_suspended`) never
+   retires: the guard suspects a wrong environment or project, not dead tokens.
 2. **transient streak**: its receipts since its last `ok` include at least
    `transient_failures` (N, default 5) failures with a status in `transient_statuses`
    (default `transient`) that reached the provider (`attempts > 0`; the gateway's own
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
 NAME = "dead-tokens"
 FILE = "dead-tokens.jsonl"
 STREAK_REASON = "consecutive_transient_failures"
+HELD_REASON = "invalidation_suspended"  # gateway.core.push.Reason.INVALIDATION_SUSPENDED
 FIELDS = ("plugin", "app_id", "provider", "token_hash", "reason", "failures", "last_seen")
 
 # what a status option may name: the documented statuses, except the success (an `ok`
@@ -130,7 +133,12 @@ def per_token(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     from pyspark.sql import functions as F
 
     status = F.col("status")
-    perm = status.isin(*options["permanent_statuses"])
+    # A push the mass-invalidation guard held (`permanent` / `invalidation_suspended`)
+    # got a token-invalid answer while most of its app's tokens did: a wrong environment
+    # or project, not a dead token. The guard exists so that nothing deletes those
+    # tokens; retiring them here would, once `permanent` is among the statuses.
+    held = F.col("reason").eqNullSafe(F.lit(HELD_REASON))
+    perm = status.isin(*options["permanent_statuses"]) & ~held
     transient = status.isin(*options["transient_statuses"]) & (F.col("attempts") > 0)
     return (
         receipts.filter(F.col("token_hash").isNotNull())

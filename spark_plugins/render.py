@@ -124,6 +124,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+MAX_PAGE_GROUPS = 200  # rows of the page's group table; summary.csv has every group
 GROUP_HEADERS = [
     "plugin",
     "provider",
@@ -139,15 +140,27 @@ def report_html(
     hourly: list[dict[str, Any]], summary: list[dict[str, Any]], result: JobResult, png: bytes
 ) -> bytes:
     """One HTML file with the chart embedded, totals per group, and skipped input."""
-    totals: dict[tuple[Any, ...], list[float]] = {}
+    totals: dict[tuple[Any, ...], list[Any]] = {}
     for r in summary:
         key = (r["plugin"], r["provider"] or "-", r["app_id"])
-        t = totals.setdefault(key, [0, 0, 0, 0.0])
+        t = totals.setdefault(key, [0, 0, 0, None])
         t[0] += r["total"]
         t[1] += r["ok"]
         t[2] += r["retries"] or 0
-        t[3] = max(t[3], r["latency_p99"] or 0.0)
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:200]
+        # null in an hour when no push of the group was sent: a group that never sent
+        # has no p99 (an empty cell, as in summary.csv), not 0 ms
+        p99 = r["latency_p99"]
+        if p99 is not None and (t[3] is None or p99 > t[3]):
+            t[3] = p99
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:MAX_PAGE_GROUPS]
+    shown = (
+        ""
+        if len(totals) <= MAX_PAGE_GROUPS
+        else (
+            f"<p>The {MAX_PAGE_GROUPS} largest of {len(totals)} groups by volume; "
+            "summary.csv has them all.</p>\n"
+        )
+    )
     groups = [[*key, t[0], t[1] / t[0], t[2], t[3]] for key, t in ranked]
     metrics = result.metrics
     stats = result.input
@@ -170,7 +183,7 @@ img {{ max-width: 100%; }}
 {_fmt(stats.bad)} bad lines skipped.</p>
 <img alt="volume, success rate and latency per hour" src="data:image/png;base64,{image}">
 <h2>Per plugin, provider and app</h2>
-{_table(GROUP_HEADERS, groups)}
+{shown}{_table(GROUP_HEADERS, groups)}
 <h2>Skipped receipt lines</h2>
 {_table(["file", "line", "start of line"], bad_rows) if bad_rows else "<p>none</p>"}
 <p>Hours are UTC, latencies in milliseconds. Tables: summary.csv, reasons.csv,

@@ -121,7 +121,14 @@ def dead_tokens(
     for key, rows in by_token.items():
         oks = [r["ts"] for r in rows if r["status"] == "ok"]
         last_ok = max(oks) if oks else -math.inf
-        perms = [r for r in rows if r["status"] in permanent and r["ts"] > last_ok]
+        # what the mass-invalidation guard held never retires (docs/delivery.md)
+        perms = [
+            r
+            for r in rows
+            if r["status"] in permanent
+            and r["reason"] != "invalidation_suspended"
+            and r["ts"] > last_ok
+        ]
         streak = [
             r["ts"]
             for r in rows

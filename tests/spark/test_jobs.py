@@ -184,6 +184,46 @@ def test_latency_leaves_out_pushes_refused_before_sending(
         assert sent["latency_p50"] == pytest.approx(115.0)
 
 
+def test_page_shows_no_latency_for_a_group_that_sent_nothing(spark: Any, tmp_path: Path) -> None:
+    """A group in which no push was sent has null latencies (summary.csv: empty): the
+    page's "worst hourly p99" is empty too, not 0 ms, which would read as instant
+    deliveries. The page escapes the names receipts carry."""
+    import re
+
+    from gateway.core.push import Outcome
+    from tests.spark.conftest import START, receipt
+
+    items = [receipt(START + i, Outcome.OK, token="", latency=0.1) for i in range(3)]
+    items += [
+        receipt(
+            START + 10 + i,
+            Outcome.PERMANENT,
+            token="",
+            app_id="<b>nope</b>",
+            provider=None,
+            attempts=0,
+            reason="unknown_app",
+        )
+        for i in range(2)
+    ]
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(items, receipts)
+    result = delivery_report.JOB.run(
+        spark, str(receipts), str(tmp_path / "out"), delivery_report.JOB.resolve_options({})
+    )
+    page = Path(result.outputs["index.html"]).read_text()
+    assert "<b>nope</b>" not in page
+    rows = {
+        cells[2]: cells
+        for cells in (
+            re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", page)
+        )
+        if cells
+    }
+    assert rows["im.vector.app.ios"][3:] == ["3", "1", "0", "100"]
+    assert rows["&lt;b&gt;nope&lt;/b&gt;"][3:] == ["2", "0", "0", ""]
+
+
 def test_dead_tokens_file(
     spark: Any, receipts_dir: Path, records: list[dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -236,6 +276,43 @@ def test_dead_tokens_thresholds_are_options(
     assert {synthetic.token_hash(t) for t in ("outage", "few", "streak")} <= hashes
     expected = reference.dead_tokens(records, n=4, min_span_hours=0, window_hours=1000)
     assert len(entries) == len(expected)
+
+
+def test_dead_tokens_never_retire_what_the_invalidation_guard_held(
+    spark: Any, tmp_path: Path
+) -> None:
+    """With `permanent` among the permanent statuses, a push refused as malformed
+    retires its token, but one the mass-invalidation guard held (`permanent` /
+    `invalidation_suspended`: most tokens of the app came back invalid, a wrong
+    environment or project) does not: the guard exists so that nothing deletes those
+    tokens (docs/delivery.md), and `pushgw tokens retire` would."""
+    from gateway.core.push import Outcome
+    from tests.spark.conftest import START, receipt
+
+    items = [
+        receipt(
+            START + i,
+            Outcome.PERMANENT,
+            token=f"held-{i}",
+            reason="invalidation_suspended",
+        )
+        for i in range(3)
+    ]
+    items.append(
+        receipt(
+            START + 10, Outcome.PERMANENT, token="malformed", attempts=0, reason="invalid_payload"
+        )
+    )
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(items, receipts)
+    records = reference.load(receipts)
+    options = dead_tokens.JOB.resolve_options({"permanent_statuses": "token_invalid,permanent"})
+    dead_tokens.JOB.run(spark, str(receipts), str(tmp_path / "out"), options)
+    lines = (tmp_path / "out" / "dead-tokens.jsonl").read_text().splitlines()
+    retired = {json.loads(line)["token_hash"]: json.loads(line)["reason"] for line in lines}
+    assert retired == {synthetic.token_hash("malformed"): "invalid_payload"}
+    expected = reference.dead_tokens(records, permanent=("token_invalid", "permanent"))
+    assert {key[3] for key in expected} == set(retired)
 
 
 def test_volume_anomalies_match_python(

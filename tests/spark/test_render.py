@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from spark_plugins import render
+from spark_plugins.jobs import JobResult
 from spark_plugins.reader import LATENCY_MS_MAX, TS_MAX, TS_MIN
 from tests.spark.conftest import START
 
@@ -74,3 +75,25 @@ def test_plotted_values_are_clipped_or_gaps() -> None:
     assert render._plotted(0.25, 100) == 25.0
     assert render._plotted(LATENCY_MS_MAX) == LATENCY_MS_MAX  # real values as they are
     assert render._plotted(2**63 - 1) == float(2**63 - 1)
+
+
+@pytest.mark.parametrize("groups", [render.MAX_PAGE_GROUPS, render.MAX_PAGE_GROUPS + 1])
+def test_the_page_says_when_its_group_table_is_cut(groups: int) -> None:
+    summary = [
+        {
+            "plugin": "p",
+            "provider": "fcm",
+            "app_id": f"app{i:04d}",
+            "total": 1 + i,
+            "ok": 1,
+            "retries": 0,
+            "latency_p99": 5.0,
+        }
+        for i in range(groups)
+    ]
+    page = render.report_html([], summary, JobResult("delivery-report"), b"").decode()
+    rows = page.count("<td>app")
+    assert rows == render.MAX_PAGE_GROUPS
+    cut = f"The {render.MAX_PAGE_GROUPS} largest of {groups} groups by volume"
+    assert (cut in page) == (groups > render.MAX_PAGE_GROUPS)
+    assert "app0000" not in page or groups == render.MAX_PAGE_GROUPS  # the smallest goes
