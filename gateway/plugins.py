@@ -20,10 +20,15 @@ import pluggy
 
 from gateway import hookspecs
 from gateway.config import ConfigError
+from gateway.config.sections import ENABLED_NOT_A_STRING
 
 ENTRY_POINT_GROUP = "pushgw.plugins"
 
 log = logging.getLogger(__name__)
+
+LOAD_HOOKS = frozenset({"pushgw_config_model", "pushgw_apps", "pushgw_tables", "pushgw_migrations"})
+"""Hooks called while the configuration is loaded (`load_gateway`, `pushgw db ...`): one
+that raises is a configuration error naming the plugin (`PluginRegistry.call`)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class PluginRegistry:
     """
 
     def __init__(self, enabled: Iterable[str], extra: dict[str, object] | None = None) -> None:
+        if isinstance(enabled, str):  # else read character by character: "unknown plugin 'm'"
+            raise ConfigError([f"plugins.enabled: {ENABLED_NOT_A_STRING}"])
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.names: list[str] = []
@@ -85,15 +92,27 @@ class PluginRegistry:
                 raise ConfigError(
                     [f"plugins.enabled: unknown plugin '{name}' (installed: {known})"]
                 )
-            self.pm.register(plugin, name=name)
-            self.names.append(name)
+            self._register(name, plugin)
         for name, plugin in extra.items():  # extras not listed in enabled still run
-            self.pm.register(plugin, name=name)
-            self.names.append(name)
+            self._register(name, plugin)
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
-            raise ConfigError([f"plugin {exc.plugin}: {exc}"]) from None
+            # pluggy names the plugin object (a module's repr, with its path), twice
+            name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
+            specs = {n for n in dir(hookspecs) if n.startswith("pushgw_")}
+            unknown = [h for h in implemented_hooks(exc.plugin) if h not in specs]
+            hooks = ", ".join(f"'{h}'" for h in unknown) or "?"
+            raise ConfigError([f"plugin '{name}': unknown hook {hooks}"]) from None
+
+    def _register(self, name: str, plugin: object) -> None:
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            # A hook whose arguments the spec lacks: pluggy's message spans three lines.
+            detail = "; ".join(line.strip() for line in str(exc).splitlines()[1:] if line.strip())
+            raise ConfigError([f"plugin '{name}': {detail}"]) from None
+        self.names.append(name)
 
     @staticmethod
     def _load(name: str, ep: metadata.EntryPoint) -> object:
@@ -108,14 +127,29 @@ class PluginRegistry:
         return self.pm.get_plugin(name)
 
     def call(self, name: str, hook: str, **kwargs: Any) -> Any:
-        """Call one plugin's implementation of a per-plugin hook; None if it has none."""
+        """Call one plugin's implementation of a per-plugin hook; None if it has none.
+
+        A hook of `LOAD_HOOKS` that raises is a ConfigError naming the plugin, the hook
+        and the kind and place of the error (not its message, which could quote a
+        secret): one line from `pushgw`, not a traceback. A ConfigError is kept as is.
+        """
         key = (name, hook)
         caller = self._callers.get(key)
         if caller is None:
             others = [p for n, p in self.pm.list_name_plugin() if n != name]
             caller = self.pm.subset_hook_caller(hook, remove_plugins=others)
             self._callers[key] = caller
-        results = caller(**kwargs)
+        if hook not in LOAD_HOOKS:
+            results = caller(**kwargs)
+        else:
+            try:
+                results = caller(**kwargs)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(
+                    [f"plugin '{name}': its {hook} hook raised {_kind_and_place(exc)}"]
+                ) from None
         return results[0] if results else None
 
     async def call_async(self, name: str, hook: str, **kwargs: Any) -> Any:
@@ -157,12 +191,18 @@ class PluginRegistry:
         return [name for name in self.names if name in implementing]
 
 
+def _kind_and_place(exc: BaseException) -> str:
+    """`RuntimeError at /path/plugin.py:12`: never the message, which could quote what
+    the hook was given or read (a token, a payload, a key)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}{where}"
+
+
 def _log_hook_failure(plugin: str, hook: str, exc: Exception) -> None:
     """Log the plugin, the hook, the kind of error and where it was raised; never the
     message, which could quote what the hook was given (a token, a payload)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    log.error("plugin %s: its %s hook raised %s%s", plugin, hook, type(exc).__name__, where)
+    log.error("plugin %s: its %s hook raised %s", plugin, hook, _kind_and_place(exc))
 
 
 def installed_plugins(enabled: Iterable[str] = ()) -> list[PluginInfo]:

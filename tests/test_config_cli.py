@@ -114,7 +114,6 @@ def test_binary_config_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("proxy", "shown"),
     [
-        ("http://u:SECRET@[::1/", "http://u:***@[::1/"),  # does not parse
         ("http://u:SEC@RET@proxy:3128", "http://u:***@proxy:3128"),  # "@" not encoded
     ],
 )
@@ -127,6 +126,18 @@ def test_check_config_masks_a_password_that_does_not_parse(
     assert json.loads(result.stdout)["delivery"]["proxy"] == shown
     assert "SEC" not in result.stdout + result.stderr
     assert "RET" not in result.stdout + result.stderr
+
+
+def test_check_config_refuses_a_proxy_that_does_not_parse_without_showing_it(
+    tmp_path: Path,
+) -> None:
+    # The APNs client could not use it (`serve` died on it): refused at load, unquoted.
+    path = write_config(tmp_path, {})
+    env = {"PUSHGW__DELIVERY__PROXY": "http://u:SECRET@[::1/"}
+    result = run("check-config", "--config", str(path), env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("pushgw: config error: PUSHGW__DELIVERY__PROXY: not a URL")
+    assert "SECRET" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(

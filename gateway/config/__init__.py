@@ -17,6 +17,8 @@ The package, each module importing only from those above it in this list:
 
 - `errors`: `ConfigError`, and `config_error`, which names the key path and the file
   or environment variable it came from.
+- `proxy`: the proxy of the provider clients (`delivery.proxy`, else `HTTPS_PROXY`) and
+  `proxy_problem`, which `Settings` and `load_settings` check it with.
 - `base`: `ConfigModel` (the base of every section model, `X_file` secrets) and the
   `ExistingFile` / `TrustStore` path types.
 - `apps`: the provider apps (`ApnsAppConfig`, `FcmAppConfig`) and their credential

@@ -21,6 +21,7 @@ from gateway.config.errors import (
     nested_too_deeply,
     nesting_problem,
 )
+from gateway.config.proxy import environment_proxy, proxy_problem
 from gateway.config.sections import Settings
 
 CONFIG_ENV = "PUSHGW_CONFIG"
@@ -91,6 +92,12 @@ def load_settings(
         problems += _format_errors(exc)
     if problems:
         raise config_error(problems, source, env.origins)
+    if not settings.delivery.proxy and (found := environment_proxy()):
+        # The proxy of the provider clients when delivery.proxy is not set
+        # (`resolve_proxy`): checked here as delivery.proxy is, under its own name.
+        name, value = found
+        if problem := proxy_problem(value):
+            raise ConfigError([f"{name}: {problem}"])
     settings._env_origins = env.origins
     return settings
 
@@ -99,6 +106,15 @@ def validate_plugin_section(
     settings: Settings, name: str, model: type[BaseModel], source: str | None = None
 ) -> BaseModel:
     """Validate `plugins.<name>` against the plugin's model, errors with full key paths."""
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        # A plugin's mistake, reported by its name in one line, not as an AttributeError.
+        returned = model.__name__ if isinstance(model, type) else type(model).__name__
+        raise ConfigError(
+            [
+                f"plugin '{name}': its pushgw_config_model hook returned {returned}, "
+                "not a pydantic model class (or None)"
+            ]
+        )
     section = _plugin_env_values(settings, name, model, settings.plugins.section(name))
     try:
         return model.model_validate(section)

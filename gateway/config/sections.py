@@ -29,10 +29,14 @@ from sqlalchemy.exc import ArgumentError
 
 from gateway.config.base import ConfigModel, TrustStore
 from gateway.config.errors import _key_error
+from gateway.config.proxy import proxy_problem
 from gateway.config.store_url import port_problem, query_problem
 
 SUPPORTED_DATABASES = ("sqlite+aiosqlite", "postgresql+asyncpg")
 """SQLAlchemy drivers of `store.url` (the async drivers pushgw depends on)."""
+
+
+ENABLED_NOT_A_STRING = "expected a list of plugin names ([matrix, ...]), not a string"
 
 
 EventLoop = Literal["auto", "uvloop", "asyncio"]
@@ -124,6 +128,15 @@ class DeliveryConfig(ConfigModel):
     invalidation_guard_ratio: float = Field(0.5, gt=0, le=1)
     invalidation_guard_window: float = Field(300.0, gt=0)
 
+    @field_validator("proxy")
+    @classmethod
+    def _usable_proxy(cls, value: str | None) -> str | None:
+        # At load, not as a traceback from the APNs client when `serve` starts. An empty
+        # value stays "not set" (then HTTPS_PROXY applies, checked by `load_settings`).
+        if value and (problem := proxy_problem(value)):
+            raise ValueError(problem)
+        return value
+
 
 ReceiptsFormat = Literal["jsonl", "parquet"]
 
@@ -183,6 +196,16 @@ class PluginsSection(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
     enabled: list[str] = Field(default_factory=list)
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _enabled_is_a_list(cls, value: Any) -> Any:
+        # A list in the file, as every list setting is (a comma-separated string is the
+        # environment's form only): `enabled: matrix` gets this rather than pydantic's
+        # "Input should be a valid list", which does not say what the list holds.
+        if isinstance(value, str):
+            raise ValueError(ENABLED_NOT_A_STRING)
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -8,11 +8,9 @@ import math
 import os
 import ssl
 import time
-import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
 
-_PROXY_ENV = ("HTTPS_PROXY", "https_proxy")
+from gateway.config.proxy import environment_proxy
 
 
 def ca_bundle(*candidates: Path | None) -> Path | None:
@@ -34,16 +32,13 @@ def ssl_context(ca_file: Path | None, *, alpn: list[str] | None = None) -> ssl.S
 
 def resolve_proxy(explicit: str | None, url: str) -> str | None:
     """The HTTP CONNECT proxy for `url`: the configured one, else `HTTPS_PROXY` unless
-    `NO_PROXY` exempts the host. Resolved once per client, never per request."""
+    `NO_PROXY` exempts the host. Resolved once per client, never per request.
+
+    Both were checked at load (`gateway.config.proxy.proxy_problem`)."""
     if explicit:
         return explicit
-    env = next((os.environ[name] for name in _PROXY_ENV if os.environ.get(name)), None)
-    if not env:
-        return None
-    host = urlsplit(url).hostname or ""
-    if urllib.request.proxy_bypass_environment(host):  # type: ignore[attr-defined]
-        return None
-    return env
+    found = environment_proxy(url)
+    return found[1] if found else None
 
 
 def parse_retry_after(value: str | bytes | None, *, now: float | None = None) -> float | None:
