@@ -96,6 +96,13 @@ class LoadedGateway:
         dirs = [self.registry.call(n, "pushgw_migrations") for n in self.registry.names]
         return [str(d) for d in dirs if d]
 
+    def known_migration_dirs(self) -> list[str]:
+        """Every installed plugin's migration directory, to locate the revisions of
+        plugins disabled since (`Store.upgrade(known=...)`)."""
+        from gateway.plugins import installed_migration_dirs
+
+        return installed_migration_dirs()
+
     async def notify_invalid(self, invalid: InvalidToken) -> None:
         """Calls the owning plugin's token-invalid hook (the end of the one invalidation path)."""
         context = self.contexts.get(invalid.plugin)
@@ -240,7 +247,7 @@ class running_core:
         settings = gw.settings
         store = gw.open_store()
         if self.migrate:
-            await store.upgrade(gw.migration_dirs())
+            await store.upgrade(gw.migration_dirs(), known=gw.known_migration_dirs())
         if settings.receipts.enabled:
             published = gw.runtime.metrics.receipt_files_published
             self.writer = ReceiptWriter(

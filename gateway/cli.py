@@ -154,9 +154,11 @@ async def opened_store(loaded: Any, *, migrate: bool) -> AsyncIterator[Store]:
     try:
         with database_errors(store.url):
             if migrate:
-                await store.upgrade(loaded.migration_dirs())
+                await store.upgrade(loaded.migration_dirs(), known=loaded.known_migration_dirs())
             else:
-                pending = await _pending_migrations(store, loaded.migration_dirs())
+                pending = await _pending_migrations(
+                    store, loaded.migration_dirs(), loaded.known_migration_dirs()
+                )
                 if pending:
                     raise DatabaseError(
                         f"database {shown_url(store.url)}: not migrated "
@@ -169,20 +171,31 @@ async def opened_store(loaded: Any, *, migrate: bool) -> AsyncIterator[Store]:
         loaded.runtime.store = None
 
 
-async def _pending_migrations(store: Store, version_locations: Sequence[str]) -> list[str]:
-    """Revisions of the core and the enabled plugins that the database lacks."""
+async def _pending_migrations(
+    store: Store, version_locations: Sequence[str], known: Sequence[str] = ()
+) -> list[str]:
+    """Revisions of the core and the enabled plugins that the database lacks (`known`:
+    other plugins' directories, to locate what plugins disabled since left there)."""
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    from gateway.core.store import alembic_config
+    from gateway.core.store import alembic_config, branch_heads
 
-    script = ScriptDirectory.from_config(alembic_config(store.url, version_locations))
+    extra = [d for d in known if d not in version_locations]
+    cfg = alembic_config(store.url, [*version_locations, *extra])
+    script = ScriptDirectory.from_config(cfg)
     async with store.engine.connect() as conn:
         current = await conn.run_sync(
             lambda sync: MigrationContext.configure(sync).get_current_heads()
         )
     applied = {r.revision for r in script.iterate_revisions(tuple(current), "base") if r}
-    return sorted(r.revision for r in script.walk_revisions() if r.revision not in applied)
+    wanted = {
+        r.revision
+        for head in branch_heads(cfg, version_locations)
+        for r in script.iterate_revisions(head, "base")
+        if r
+    }
+    return sorted(wanted - applied)
 
 
 # --- commands ------------------------------------------------------------------

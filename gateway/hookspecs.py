@@ -76,6 +76,8 @@ def pushgw_migrations() -> str | None:
     The revisions form a branch labelled with the plugin's name whose root depends on
     the core's base revision. `pushgw db upgrade` (and start-up, when
     `store.auto_upgrade` is true) applies every enabled plugin's branch to its head.
+    Called for installed plugins that are not enabled too (their revisions must be
+    located when a plugin was disabled after its branch was applied): no side effects.
     """
 
 

@@ -205,6 +205,23 @@ def _log_hook_failure(plugin: str, hook: str, exc: Exception) -> None:
     log.error("plugin %s: its %s hook raised %s", plugin, hook, _kind_and_place(exc))
 
 
+def installed_migration_dirs() -> list[str]:
+    """The migration directory of every installed plugin, enabled or not: a plugin
+    disabled after its branch was applied left its revision in the database, which
+    Alembic must be able to locate (`Store.upgrade(known=...)`). A plugin that cannot be
+    loaded is left out (its revision, if any, then stays unknown)."""
+    dirs = []
+    for _name, ep in sorted(_entry_points().items()):
+        try:
+            hook = getattr(ep.load(), "pushgw_migrations", None)
+            found = hook() if callable(hook) else None
+        except Exception:
+            continue
+        if found:
+            dirs.append(str(found))
+    return dirs
+
+
 def installed_plugins(enabled: Iterable[str] = ()) -> list[PluginInfo]:
     """Every plugin found through entry points, loaded to list the hooks it implements."""
     enabled_set = set(enabled)

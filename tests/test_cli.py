@@ -119,6 +119,24 @@ def test_db_upgrade(tmp_path: Path) -> None:
     assert result.stdout == f"database at head (sqlite): sqlite+aiosqlite:///{db}\n"
 
 
+def test_db_upgrade_after_a_plugin_is_disabled(tmp_path: Path) -> None:
+    """The disabled plugin's revision stays in the database; Alembic must still locate
+    it (before: "Can't locate revision identified by 'sample_0001'", status 1)."""
+    site = tmp_path / "site" / "pushgw_sample-1.0.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: pushgw-sample\nVersion: 1.0\n")
+    (site / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(SAMPLE_PLUGIN_DIR), os.getcwd()])}
+    store = {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}", "auto_upgrade": False}
+    enabled = write_config(tmp_path, {"store": store, "plugins": {"enabled": ["sample"]}})
+    assert run("db", "upgrade", "--config", str(enabled), env=env).returncode == 0
+    disabled = tmp_path / "disabled.yaml"
+    disabled.write_text(yaml.safe_dump({"store": store, "plugins": {"enabled": []}}))
+    result = run("db", "upgrade", "--config", str(disabled), env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("database at head (sqlite)")
+
+
 def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
     # the sample plugin as an installed distribution, in the subprocess too
     site = tmp_path / "site" / "pushgw_sample-1.0.dist-info"

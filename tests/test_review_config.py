@@ -258,20 +258,44 @@ def test_a_config_model_hook_returning_no_model_class_is_one_line(returned: obje
 SAMPLE_MIGRATIONS = str(Path(__file__).parent / "sample_plugin" / "pushgw_sample" / "migrations")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "not fixed: `LoadedGateway.migration_dirs` (gateway/app.py) gives Alembic the enabled "
-        "plugins' directories only, so the revision of a plugin disabled after its branch "
-        "was applied cannot be located (\"Can't locate revision identified by 'sample_0001'\")"
-    ),
-)
 async def test_upgrade_after_a_plugin_is_disabled(store_url: str) -> None:
+    """A plugin disabled after its branch was applied leaves its revision in the
+    database: the core's branch (and other plugins') still upgrade, the disabled
+    plugin's branch is left as it is, and nothing is reported pending."""
+    from sqlalchemy import text
+
+    from gateway.cli import _pending_migrations
     from gateway.core.store import Store
 
     store = Store(store_url)
     try:
         await store.upgrade([SAMPLE_MIGRATIONS])  # the plugin enabled
-        await store.upgrade([])  # ... then disabled: the core's branch still upgrades
+        # ... then disabled: its directory is known (installed), not upgraded
+        await store.upgrade([], known=[SAMPLE_MIGRATIONS])
+        assert await _pending_migrations(store, [], [SAMPLE_MIGRATIONS]) == []
+        async with store.engine.connect() as conn:
+            versions = {
+                r[0] for r in await conn.execute(text("SELECT version_num FROM alembic_version"))
+            }
+        assert "sample_0001" in versions
+    finally:
+        await store.close()
+
+
+async def test_a_disabled_plugin_is_not_upgraded_nor_pending(store_url: str) -> None:
+    """An installed plugin never enabled gets no tables, and is not pending."""
+    from sqlalchemy import inspect
+
+    from gateway.cli import _pending_migrations
+    from gateway.core.store import Store
+
+    store = Store(store_url)
+    try:
+        await store.upgrade([], known=[SAMPLE_MIGRATIONS])
+        assert await _pending_migrations(store, [], [SAMPLE_MIGRATIONS]) == []
+        assert await _pending_migrations(store, [SAMPLE_MIGRATIONS], []) == ["sample_0001"]
+        async with store.engine.connect() as conn:
+            tables = set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
+        assert "sample_invalid" not in tables
     finally:
         await store.close()

@@ -82,9 +82,16 @@ class Store:
         except Exception:
             return False
 
-    async def upgrade(self, version_locations: Sequence[str] = ()) -> None:
-        """Apply every migration branch (core + the given plugin directories) to its head."""
-        await asyncio.to_thread(upgrade, self.url, version_locations)
+    async def upgrade(
+        self, version_locations: Sequence[str] = (), known: Sequence[str] = ()
+    ) -> None:
+        """Apply the core's branch and the given plugin directories' to their heads.
+
+        `known`: other plugins' directories (installed, not enabled), only to locate
+        revisions the database holds: a plugin disabled after its branch was applied
+        leaves its revision there, which Alembic must find to upgrade anything.
+        """
+        await asyncio.to_thread(upgrade, self.url, version_locations, known)
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -100,6 +107,27 @@ def alembic_config(url: str, version_locations: Sequence[str] = ()) -> AlembicCo
     return cfg
 
 
-def upgrade(url: str, version_locations: Sequence[str] = ()) -> None:
+def upgrade(url: str, version_locations: Sequence[str] = (), known: Sequence[str] = ()) -> None:
     """Synchronous entry point (Alembic's command API is synchronous)."""
-    command.upgrade(alembic_config(url, version_locations), "heads")
+    extra = [d for d in known if d not in version_locations]
+    cfg = alembic_config(url, [*version_locations, *extra])
+    for head in branch_heads(cfg, version_locations):
+        command.upgrade(cfg, head)
+
+
+def branch_heads(cfg: AlembicConfig, version_locations: Sequence[str]) -> list[str]:
+    """The heads of the core's branch and of the branches in `version_locations`, not
+    of the other directories `cfg` knows (plugins not enabled: left as they are)."""
+    from alembic.script import ScriptDirectory
+
+    wanted = {
+        (MIGRATIONS_DIR / "versions").resolve(),
+        *(Path(d).resolve() for d in version_locations),
+    }
+    script = ScriptDirectory.from_config(cfg)
+    heads = []
+    for head in script.get_heads():
+        revision = script.get_revision(head)
+        if revision is not None and Path(revision.path).parent.resolve() in wanted:
+            heads.append(head)
+    return sorted(heads)
