@@ -182,6 +182,11 @@ def translate_sygnal_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], li
             if key not in _APP_KEYS:
                 warnings.append(f"apps.{name}.{key}: unknown key, ignored")
     native_plugins = _mapping(native.pop("plugins", None), "pushgw.plugins", problems)
+    raw_enabled = native_plugins.get("enabled")
+    if raw_enabled is not None and not isinstance(raw_enabled, list):
+        # `enabled: zulip` would be read a character at a time ("unknown plugin 'z'")
+        problems.append("pushgw.plugins.enabled: expected a list of plugin names ([zulip, ...])")
+        native_plugins = {k: v for k, v in native_plugins.items() if k != "enabled"}
     matrix_native = _mapping(native_plugins.pop("matrix", None), "pushgw.plugins.matrix", problems)
     matrix_section = {**matrix_native, "apps": apps}
     if not problems:

@@ -80,3 +80,21 @@ def test_unusable_proxy_fails_startup_without_echoing_it(
 def test_http_proxy_still_accepted(android_app: dict[str, Any], proxy: str, expected: str) -> None:
     config, _ = translate_sygnal_config({"proxy": proxy, "apps": {"android": android_app}})
     assert config["delivery"] == {"proxy": expected}
+
+
+@pytest.mark.parametrize("enabled", ["zulip", {"zulip": True}])
+def test_sygnal_config_pushgw_plugins_enabled_must_be_a_list(enabled: object) -> None:
+    data = {
+        "apps": {
+            "a": {
+                "type": "gcm",
+                "api_version": "v1",
+                "project_id": "p",
+                "service_account_file": "/nonexistent.json",
+            }
+        },
+        "pushgw": {"plugins": {"enabled": enabled}},
+    }
+    with pytest.raises(SygnalConfigError) as err:
+        translate_sygnal_config(data)
+    assert "pushgw.plugins.enabled: expected a list of plugin names" in str(err.value)
