@@ -529,7 +529,7 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
 
 def _plugin_commands(subparsers: Any) -> None:
     """Let every installed plugin add its commands (`pushgw zulip ...`)."""
-    from gateway.plugins import PluginRegistry, installed_plugins
+    from gateway.plugins import PluginRegistry, installed_plugins, kind_and_place
 
     names = [info.name for info in installed_plugins() if info.error is None]
     try:
@@ -537,7 +537,17 @@ def _plugin_commands(subparsers: Any) -> None:
     except ConfigError as exc:
         print(f"pushgw: warning: plugin commands unavailable: {exc}", file=sys.stderr)
         return
-    registry.broadcast("pushgw_commands", subparsers=subparsers)
+    # Each plugin on its own: every installed plugin is asked, enabled or not, and one
+    # whose hook raises must not take every `pushgw` command (serve included) with it.
+    for name in registry.implementers("pushgw_commands"):
+        try:
+            registry.call(name, "pushgw_commands", subparsers=subparsers)
+        except Exception as exc:
+            print(
+                f"pushgw: warning: plugin '{name}': its pushgw_commands hook raised "
+                f"{kind_and_place(exc)}; its commands are unavailable",
+                file=sys.stderr,
+            )
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE

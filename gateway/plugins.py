@@ -148,7 +148,7 @@ class PluginRegistry:
                 raise
             except Exception as exc:
                 raise ConfigError(
-                    [f"plugin '{name}': its {hook} hook raised {_kind_and_place(exc)}"]
+                    [f"plugin '{name}': its {hook} hook raised {kind_and_place(exc)}"]
                 ) from None
         return results[0] if results else None
 
@@ -191,7 +191,7 @@ class PluginRegistry:
         return [name for name in self.names if name in implementing]
 
 
-def _kind_and_place(exc: BaseException) -> str:
+def kind_and_place(exc: BaseException) -> str:
     """`RuntimeError at /path/plugin.py:12`: never the message, which could quote what
     the hook was given or read (a token, a payload, a key)."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -202,7 +202,7 @@ def _kind_and_place(exc: BaseException) -> str:
 def _log_hook_failure(plugin: str, hook: str, exc: Exception) -> None:
     """Log the plugin, the hook, the kind of error and where it was raised; never the
     message, which could quote what the hook was given (a token, a payload)."""
-    log.error("plugin %s: its %s hook raised %s", plugin, hook, _kind_and_place(exc))
+    log.error("plugin %s: its %s hook raised %s", plugin, hook, kind_and_place(exc))
 
 
 def installed_migration_dirs() -> list[str]:

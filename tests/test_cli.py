@@ -137,6 +137,33 @@ def test_db_upgrade_after_a_plugin_is_disabled(tmp_path: Path) -> None:
     assert result.stdout.startswith("database at head (sqlite)")
 
 
+def test_a_plugin_whose_commands_hook_raises_leaves_the_other_commands(
+    tmp_path: Path,
+) -> None:
+    """Every installed plugin adds its commands, enabled or not: one that raises there
+    is a warning naming it, not a traceback from every `pushgw` command."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "broken_cmds.py").write_text(
+        "from gateway.api import hookimpl\n\n"
+        "@hookimpl\n"
+        "def pushgw_commands(subparsers):\n"
+        "    raise RuntimeError('secret-looking detail')\n"
+    )
+    site = tmp_path / "site" / "broken_cmds-1.0.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-cmds\nVersion: 1.0\n")
+    (site / "entry_points.txt").write_text("[pushgw.plugins]\nbroken = broken_cmds\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(package), os.getcwd()])}
+    path = write_config(tmp_path, {"store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db'}"}})
+    result = run("check-config", "--config", str(path), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "plugin 'broken': its pushgw_commands hook raised RuntimeError" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "secret-looking detail" not in result.stderr
+    assert "zulip" in run("--help", env=env).stdout  # the other plugins' commands stay
+
+
 def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
     # the sample plugin as an installed distribution, in the subprocess too
     site = tmp_path / "site" / "pushgw_sample-1.0.dist-info"
