@@ -162,10 +162,26 @@ def load_gateway(
                 [(("plugins", name), "this plugin takes no configuration")], source, origins
             )
         contexts[name] = context = PluginContext(name, section, runtime)
-        for app_id, app in (registry.call(name, "pushgw_apps", context=context) or {}).items():
+        for app_id, app in _plugin_apps(registry, name, context).items():
             apps[(name, app_id)] = app
     check_credentials(apps, source, settings)
     return LoadedGateway(settings, registry, runtime, contexts, apps, source, client_factory)
+
+
+def _plugin_apps(registry: PluginRegistry, name: str, context: PluginContext) -> Mapping[str, Any]:
+    """A plugin's `pushgw_apps`, checked: a plugin bug is one config error naming it."""
+    found = registry.call(name, "pushgw_apps", context=context) or {}
+    if not isinstance(found, Mapping) or not all(
+        isinstance(app_id, str) and isinstance(app, (ApnsAppConfig, FcmAppConfig))
+        for app_id, app in found.items()
+    ):
+        raise ConfigError(
+            [
+                f"plugin '{name}': its pushgw_apps hook returned {type(found).__name__}, "
+                "not a mapping of app ids to ApnsAppConfig or FcmAppConfig"
+            ]
+        )
+    return found
 
 
 def check_credentials(

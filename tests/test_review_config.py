@@ -253,6 +253,22 @@ def test_a_config_model_hook_returning_no_model_class_is_one_line(returned: obje
     assert message.endswith(", not a pydantic model class (or None)")
 
 
+@pytest.mark.parametrize("returned", [["ios"], {"ios": {"type": "apns"}}, {1: None}])
+def test_an_apps_hook_returning_no_app_configs_is_one_line(returned: object) -> None:
+    def pushgw_apps(context: object) -> object:
+        return returned
+
+    with pytest.raises(ConfigError) as err:
+        load_gateway(
+            data={"plugins": {"enabled": ["x"]}},
+            extra_plugins={"x": _plugin(pushgw_apps=pushgw_apps)},
+        )
+    assert str(err.value) == (
+        f"plugin 'x': its pushgw_apps hook returned {type(returned).__name__}, "
+        "not a mapping of app ids to ApnsAppConfig or FcmAppConfig"
+    )
+
+
 # --- migrations ---------------------------------------------------------------------------------
 
 SAMPLE_MIGRATIONS = str(Path(__file__).parent / "sample_plugin" / "pushgw_sample" / "migrations")
