@@ -618,6 +618,22 @@ class Bouncer:
         validate_legacy_token(token, kind)
         return token, kind
 
+    async def _legacy_realm(
+        self,
+        conn: AsyncConnection,
+        server: DbRow,
+        realm_uuid: str | None,
+        identity: LegacyIdentity,
+    ) -> DbRow | None:
+        """The realm a legacy form names (§4): unknown tolerated, another server's a 403.
+
+        Servers send `realm_uuid` (8.0+) together with `user_uuid`; like Zulip's bouncer,
+        the lookup needs both.
+        """
+        if realm_uuid is None or identity.user_uuid is None:
+            return None
+        return await self._realm(conn, server, realm_uuid, tolerate_unknown=True)
+
     @staticmethod
     def _form_identity(params: Params) -> LegacyIdentity:
         user_uuid = params.get("user_uuid")
@@ -638,9 +654,7 @@ class Bouncer:
         identity = self._form_identity(params)
         realm_uuid = params.get("realm_uuid")
         async with self.engine.begin() as conn:
-            realm = None
-            if realm_uuid is not None and identity.user_uuid is not None:
-                realm = await self._realm(conn, server, realm_uuid, tolerate_unknown=True)
+            realm = await self._legacy_realm(conn, server, realm_uuid, identity)
             await repo.legacy_register(
                 conn,
                 server_id=server.id,
@@ -660,6 +674,7 @@ class Bouncer:
         token, kind = self._legacy_token_params(params)
         identity = self._form_identity(params)
         async with self.engine.begin() as conn:
+            await self._legacy_realm(conn, server, params.get("realm_uuid"), identity)
             deleted = await repo.legacy_unregister(
                 conn,
                 server_id=server.id,
@@ -677,6 +692,7 @@ class Bouncer:
         params = await read_form(request)
         identity = self._form_identity(params)
         async with self.engine.begin() as conn:
+            await self._legacy_realm(conn, server, params.get("realm_uuid"), identity)
             await repo.legacy_unregister_all(
                 conn, server_id=server.id, user_id=identity.user_id, user_uuid=identity.user_uuid
             )
@@ -741,6 +757,13 @@ class Bouncer:
                 validate_gcm_options(gcm_options, gcm_payload.get("event")) if android else ""
             )
             await repo.delete_legacy_ids(conn, redundant)
+            if realm is not None:
+                # Registrations made without realm_uuid (servers before 8.0, or a realm
+                # not uploaded yet) get the realm now, as Zulip's bouncer does: without
+                # it `gc` never collects them once their realm is deleted (§8). Only rows
+                # read without one, so that the usual notify writes nothing here.
+                unattached = [r.id for r in targets if r.realm_id is None]
+                await repo.attach_legacy_realm(conn, unattached, realm.id)
         tasks: list[asyncio.Task[Receipt | None]] = []
         expiration = int(time.time()) + LEGACY_APNS_EXPIRATION
         for row in apple:

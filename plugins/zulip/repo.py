@@ -474,6 +474,17 @@ async def delete_legacy_ids(conn: AsyncConnection, ids: Iterable[int]) -> None:
         await conn.execute(delete(legacy_devices).where(legacy_devices.c.id.in_(wanted)))
 
 
+async def attach_legacy_realm(conn: AsyncConnection, ids: Iterable[int], realm_id: int) -> None:
+    """Give the registrations `ids` that have no realm yet the realm `realm_id`."""
+    wanted = list(ids)
+    if wanted:
+        await conn.execute(
+            update(legacy_devices)
+            .where(legacy_devices.c.id.in_(wanted), legacy_devices.c.realm_id.is_(None))
+            .values(realm_id=realm_id)
+        )
+
+
 async def delete_legacy_token(
     conn: AsyncConnection, *, kind: int, token: str, apns: bool, server_id: int | None = None
 ) -> int:
