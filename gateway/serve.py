@@ -63,13 +63,21 @@ def serve(
     workers: int | None,
     with_simulators: Path | None = None,
 ) -> int:
-    simulators = _start_simulators(with_simulators) if with_simulators else None
+    if with_simulators is None:
+        return _serve(config, data, host, port, workers)
+    # Until the gateway handles SIGTERM itself (run_app, or the workers' parent), its
+    # default action would end this process and leave the simulators running on their
+    # ports: unwind instead, so that they are stopped below.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    simulators = _start_simulators(with_simulators)
     try:
         return _serve(config, data, host, port, workers)
     finally:
-        if simulators is not None:
-            simulators.terminate()
-            simulators.wait(10)
+        _stop_simulators(simulators)
+
+
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)  # the status a shell reports for a process it ended
 
 
 def _serve(
@@ -351,6 +359,25 @@ def _run_worker(
     `migrated`: the parent migrated the database (or checked it): don't, whatever
     `store.auto_upgrade` says.
     """
+    try:
+        _start_worker(config, data, host, port, index, migrated=migrated)
+    except KeyboardInterrupt:
+        # SIGINT (forwarded by the parent, or a terminal's Ctrl-C to the whole group)
+        # before the application handles it: end as the signal would, as SIGTERM then
+        # does, for the parent to count a clean stop; not a traceback and status 1.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _start_worker(
+    config: str | None,
+    data: dict[str, Any] | None,
+    host: str,
+    port: int,
+    index: int,
+    *,
+    migrated: bool,
+) -> None:
     os.environ[WORKER_ENV] = str(index)  # one-per-gateway services run in worker 0 only
 
     from gateway.app import load_gateway
@@ -411,9 +438,27 @@ def _run_loaded(
                 sock.close()
 
         app.on_startup.append(let_go)  # runs once the cleanup contexts (its site) started
+
+    # aiohttp's own handlers raise GracefulExit on every SIGINT or SIGTERM, and a second
+    # one during the graceful shutdown cancels it: requests in flight are cut, receipts
+    # not flushed, status 1. A worker always gets two: the parent forwards the signal that
+    # systemd (KillMode=control-group) or a terminal's Ctrl-C sent to it and to the
+    # worker alike. The first signal starts the shutdown, bounded by shutdown_timeout;
+    # the next ones are ignored.
+    stopping = False
+
+    def stop() -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise web.GracefulExit()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop)
     web.run_app(
         app,
         loop=loop,
+        handle_signals=False,  # `stop` above
         sock=socks,
         shutdown_timeout=settings.server.shutdown_timeout,
         access_log=logging.getLogger("aiohttp.access") if settings.logging.access_log else None,
@@ -429,14 +474,27 @@ def _start_simulators(state_dir: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.testing.standalone", "--state-dir", str(state_dir)]
     )
-    deadline = time.monotonic() + 30
-    while not ready.exists():  # a file written by another process: polling is the only signal
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("pushgw: error: the simulators did not start")
-        time.sleep(0.05)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():  # a file written by another process: polling is the only signal
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("pushgw: error: the simulators did not start")
+            time.sleep(0.05)
+    except BaseException:  # SIGINT or SIGTERM while they start, too: not left running
+        _stop_simulators(proc)
+        raise
     print(f"simulators: {json.dumps(json.loads(ready.read_text()))}", file=sys.stderr)
     return proc
+
+
+def _stop_simulators(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM first: the simulators then stop the Nostr relay they may have started."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _check_state_dir(state_dir: Path) -> None:
