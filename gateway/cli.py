@@ -529,7 +529,8 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
 
 def _plugin_commands(subparsers: Any) -> None:
     """Let every installed plugin add its commands (`pushgw zulip ...`)."""
-    from gateway.plugins import PluginRegistry, installed_plugins, kind_and_place
+    from gateway.core.errors import kind_and_place
+    from gateway.plugins import PluginRegistry, installed_plugins
 
     names = [info.name for info in installed_plugins() if info.error is None]
     try:

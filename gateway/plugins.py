@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
@@ -21,6 +20,7 @@ import pluggy
 from gateway import hookspecs
 from gateway.config import ConfigError
 from gateway.config.sections import ENABLED_NOT_A_STRING
+from gateway.core.errors import kind_and_place
 
 ENTRY_POINT_GROUP = "pushgw.plugins"
 
@@ -189,14 +189,6 @@ class PluginRegistry:
         """Names of the plugins implementing `hook`, in registration order."""
         implementing = {impl.plugin_name for impl in getattr(self.pm.hook, hook).get_hookimpls()}
         return [name for name in self.names if name in implementing]
-
-
-def kind_and_place(exc: BaseException) -> str:
-    """`RuntimeError at /path/plugin.py:12`: never the message, which could quote what
-    the hook was given or read (a token, a payload, a key)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return f"{type(exc).__name__}{where}"
 
 
 def _log_hook_failure(plugin: str, hook: str, exc: Exception) -> None:

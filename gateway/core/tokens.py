@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
+from gateway.core.errors import kind_and_place
 from gateway.core.metrics import Metrics
 from gateway.core.push import InvalidToken
 from gateway.core.store import Store, invalid_tokens
@@ -150,7 +151,13 @@ class TokenInvalidation:
             raise
         except Exception as exc:
             # A plugin bug must not lose the delivery result; the record above stays.
-            log.exception("token-invalid hook of plugin %s failed", invalid.plugin)
+            # The kind and place of the error, never the error itself: its message may
+            # quote what the hook was given or used (a database error quotes its
+            # statement's parameters), and handlers without pushgw's formatter print it
+            # (logging's last resort in CLI commands, an embedding application's own).
+            log.error(
+                "token-invalid hook of plugin %s failed: %s", invalid.plugin, kind_and_place(exc)
+            )
             hook_error = describe_error(exc)
         return Outcome(handled=True, record_error=record_error, hook_error=hook_error)
 

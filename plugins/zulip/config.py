@@ -71,6 +71,14 @@ class ZulipConfig(ConfigModel):
                 value = json.loads(value) if value.strip() else {}
             except ValueError:
                 raise ValueError("bouncer_keys must be a JSON object {public: private}") from None
+        if isinstance(value, dict):
+            # Named by position, never by the map key (pydantic's own error would be): a
+            # map written {private: } has the private half as its key.
+            for number, private in enumerate(value.values(), 1):
+                if not isinstance(private, (str, SecretStr)):
+                    raise ValueError(
+                        f"bouncer key {number} of {len(value)}: private key is not a string"
+                    )
         return value
 
     @model_validator(mode="after")

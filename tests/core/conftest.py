@@ -20,15 +20,20 @@ def secrets_seen() -> set[str]:
     return set()
 
 
+def logged_text(caplog: pytest.LogCaptureFixture) -> str:
+    """Everything logged in a test's setup, call and teardown, messages of exceptions
+    included. For fixtures checking after `yield`: there, `caplog.text` and
+    `caplog.records` hold the teardown's records alone (pytest keeps one per phase)."""
+    records = [r for when in ("setup", "call", "teardown") for r in caplog.get_records(when)]
+    formatter = logging.Formatter()
+    return "".join(formatter.format(r) + str(r.args) for r in records)
+
+
 @pytest.fixture(autouse=True)
 def no_secrets_in_logs(caplog: pytest.LogCaptureFixture, secrets_seen: set[str]) -> Iterator[None]:
     caplog.set_level(logging.DEBUG)
     yield
-    # Every phase's records: `caplog.text` and `caplog.records` here, in teardown, hold
-    # the teardown's alone (pytest keeps one handler per phase), not the test's.
-    records = [r for when in ("setup", "call", "teardown") for r in caplog.get_records(when)]
-    formatter = logging.Formatter()
-    text = "".join(formatter.format(r) + str(r.args) for r in records)
+    text = logged_text(caplog)
     for secret in secrets_seen:
         assert secret not in text
 

@@ -25,7 +25,7 @@ from gateway.core.apns import (
 )
 from gateway.core.push import ApnsOptions, Outcome, Push, PushPolicy, Reason
 from gateway.testing import ApnsResponse, ApnsSimulator, generate_apns_auth_key
-from tests.core.conftest import nested
+from tests.core.conftest import logged_text, nested
 
 TOPIC = "com.example.app"
 MakeClient = Callable[..., Awaitable[ApnsClient]]
@@ -53,7 +53,7 @@ def sized_payload(size: int) -> dict[str, Any]:
 @pytest.fixture(autouse=True)
 def no_jwt_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     yield
-    text = caplog.text + "".join(str(r.args) for r in caplog.records)
+    text = logged_text(caplog)
     assert "bearer ey" not in text.lower()
 
 

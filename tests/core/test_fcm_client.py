@@ -18,7 +18,7 @@ from gateway.config import FcmAppConfig
 from gateway.core.fcm import FcmClient
 from gateway.core.push import Attempt, Outcome, Push, PushPolicy, Reason
 from gateway.testing import FcmResponse, FcmSimulator, make_service_account
-from tests.core.conftest import nested
+from tests.core.conftest import logged_text, nested
 
 PROJECT = "pushgw-test"
 MakeClient = Callable[..., Awaitable[FcmClient]]
@@ -46,7 +46,7 @@ def data_of_size(size: int) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def no_credentials_in_logs(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     yield
-    text = caplog.text + "".join(str(r.args) for r in caplog.records)
+    text = logged_text(caplog)
     assert "ya29." not in text  # the simulator's access-token prefix
     assert "PRIVATE KEY" not in text
 
