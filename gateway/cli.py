@@ -551,6 +551,24 @@ def _plugin_commands(subparsers: Any) -> None:
             )
 
 
+def _command_logging() -> None:
+    """Warnings and errors that commands log, one `pushgw: level: ...` line each, an
+    exception named by its kind only. Without a handler, logging's last resort prints an
+    exception's message with its traceback, and a message may quote a token or a
+    database statement's parameters. Left alone when the process already has handlers
+    (an embedding program's, a test's); `serve` sets up its own (`logging.*`)."""
+    from gateway import logs
+
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logs.OneLineFormatter())
+    handler.setLevel(logging.WARNING)
+    root.addHandler(handler)
+    logs.quiet_third_party()
+
+
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE
 
 
@@ -626,6 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_command(argv: Sequence[str] | None) -> int:
+    _command_logging()
     parser = build_parser(_plugin_commands)
     args = parser.parse_args(argv)
     if not hasattr(args, "config"):

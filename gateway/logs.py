@@ -90,6 +90,18 @@ class RedactingFormatter(logging.Formatter):
         return redacted_traceback(exc) if exc is not None else super().formatException(ei)
 
 
+class OneLineFormatter(logging.Formatter):
+    """`pushgw: warning: ...`, one line per record, for commands other than `serve`: an
+    exception is named by its kind, never by its frames or its message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            line += f" ({type(error).__name__})"
+        return f"pushgw: {record.levelname.lower()}: {line}"
+
+
 class JsonFormatter(RedactingFormatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
