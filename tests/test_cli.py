@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gateway.testing.apns_sim import generate_apns_auth_key
-from tests.conftest import SAMPLE_PLUGIN_DIR
+from tests.conftest import SAMPLE_PLUGIN_DIR, install_plugin_dist
 
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
@@ -122,11 +122,9 @@ def test_db_upgrade(tmp_path: Path) -> None:
 def test_db_upgrade_after_a_plugin_is_disabled(tmp_path: Path) -> None:
     """The disabled plugin's revision stays in the database; Alembic must still locate
     it (before: "Can't locate revision identified by 'sample_0001'", status 1)."""
-    site = tmp_path / "site" / "pushgw_sample-1.0.dist-info"
-    site.mkdir(parents=True)
-    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: pushgw-sample\nVersion: 1.0\n")
-    (site / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(SAMPLE_PLUGIN_DIR), os.getcwd()])}
+    site = tmp_path / "site"
+    install_plugin_dist(site, "sample")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(SAMPLE_PLUGIN_DIR), os.getcwd()])}
     store = {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}", "auto_upgrade": False}
     enabled = write_config(tmp_path, {"store": store, "plugins": {"enabled": ["sample"]}})
     assert run("db", "upgrade", "--config", str(enabled), env=env).returncode == 0
@@ -144,17 +142,15 @@ def test_a_plugin_whose_commands_hook_raises_leaves_the_other_commands(
     is a warning naming it, not a traceback from every `pushgw` command."""
     package = tmp_path / "pkg"
     package.mkdir()
-    (package / "broken_cmds.py").write_text(
+    (package / "pushgw_broken.py").write_text(
         "from gateway.api import hookimpl\n\n"
         "@hookimpl\n"
         "def pushgw_commands(subparsers):\n"
         "    raise RuntimeError('secret-looking detail')\n"
     )
-    site = tmp_path / "site" / "broken_cmds-1.0.dist-info"
-    site.mkdir(parents=True)
-    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-cmds\nVersion: 1.0\n")
-    (site / "entry_points.txt").write_text("[pushgw.plugins]\nbroken = broken_cmds\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(package), os.getcwd()])}
+    site = tmp_path / "site"
+    install_plugin_dist(site, "broken")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(package), os.getcwd()])}
     path = write_config(tmp_path, {"store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db'}"}})
     result = run("check-config", "--config", str(path), env=env)
     assert result.returncode == 0, result.stderr
