@@ -12,11 +12,13 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway import logs
 from gateway.testing import apns_sim, fcm_sim
+from gateway.testing.apns_sim import generate_apns_auth_key
 from gateway.testing.databases import (
     PostgresUnavailable,
     postgres_required,
@@ -104,6 +106,19 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         return
     async with _postgres() as url:
         yield url
+
+
+def offline_apns_app(directory: Path) -> dict[str, Any]:
+    """An APNs app (token auth, a fresh .p8 key in `directory`) for tests that load a
+    configuration without sending: it points at Apple's default host."""
+    key = generate_apns_auth_key()
+    return {
+        "type": "apns",
+        "keyfile": str(key.write_p8(directory / f"AuthKey_{key.key_id}.p8")),
+        "key_id": key.key_id,
+        "team_id": key.team_id,
+        "topic": "com.example.app",
+    }
 
 
 def install_plugin_dist(site: Path, name: str) -> None:

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.testing.apns_sim import generate_apns_auth_key
-from tests.conftest import SAMPLE_PLUGIN_DIR, install_plugin_dist
+from tests.conftest import SAMPLE_PLUGIN_DIR, install_plugin_dist, offline_apns_app
 
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
@@ -168,14 +167,7 @@ def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
     (site / "entry_points.txt").write_text("[pushgw.plugins]\nsample = pushgw_sample\n")
     env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(SAMPLE_PLUGIN_DIR), os.getcwd()])}
     db = tmp_path / "db.sqlite"
-    key = generate_apns_auth_key()
-    app = {
-        "type": "apns",
-        "keyfile": str(key.write_p8(tmp_path / "AuthKey.p8")),
-        "key_id": key.key_id,
-        "team_id": key.team_id,
-        "topic": "com.example.app",
-    }
+    app = offline_apns_app(tmp_path)
     path = write_config(
         tmp_path,
         {

@@ -17,7 +17,7 @@ from gateway.core.metrics import Metrics
 from gateway.core.push import InvalidToken, ProviderKind
 from gateway.core.store import Store
 from gateway.core.tokens import TokenInvalidation
-from gateway.testing.apns_sim import generate_apns_auth_key
+from tests.conftest import offline_apns_app
 
 GOOD = "ab" * 32
 OTHER = "cd" * 32
@@ -39,15 +39,7 @@ def record(**fields: Any) -> str:
 @pytest.fixture
 def config(tmp_path: Path, sample_plugin_installed: str) -> Path:
     """The sample plugin with one configured app (`ios`), SQLite at tmp_path/db.sqlite."""
-    key = generate_apns_auth_key()
-    keyfile = key.write_p8(tmp_path / f"AuthKey_{key.key_id}.p8")
-    app = {
-        "type": "apns",
-        "keyfile": str(keyfile),
-        "key_id": key.key_id,
-        "team_id": key.team_id,
-        "topic": "com.example.app",
-    }
+    app = offline_apns_app(tmp_path)
     data = {
         "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"},
         "receipts": {"directory": str(tmp_path / "receipts")},

@@ -26,11 +26,10 @@ from gateway.config import ConfigError
 from gateway.core.metrics import Metrics
 from gateway.core.push import InvalidToken, ProviderKind
 from gateway.core.tokens import TokenInvalidation
-from gateway.testing.apns_sim import generate_apns_auth_key
 from plugins.zulip.bouncer import forget_token
 from plugins.zulip.crypto import generate_bouncer_key
 from plugins.zulip.repo import token_key
-from tests.conftest import SAMPLE_PLUGIN_DIR, install_plugin_dist
+from tests.conftest import SAMPLE_PLUGIN_DIR, install_plugin_dist, offline_apns_app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,15 +82,7 @@ def test_tokens_retire_prints_no_exception_message_of_a_failing_hook(
     hook's exception with its SQL parameters."""
     site = tmp_path / "site"
     install_plugin_dist(site, "sample")
-    key = generate_apns_auth_key()
-    keyfile = key.write_p8(tmp_path / f"AuthKey_{key.key_id}.p8")
-    app = {
-        "type": "apns",
-        "keyfile": str(keyfile),
-        "key_id": key.key_id,
-        "team_id": key.team_id,
-        "topic": "com.example.app",
-    }
+    app = offline_apns_app(tmp_path)
     db = tmp_path / "db.sqlite"
     config = tmp_path / "pushgw.yaml"
     config.write_text(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 from gateway.testing.relay import free_port
@@ -37,6 +38,18 @@ class Sink:
         pass
 
 
+@asynccontextmanager
+async def running_client(relay: ScriptedRelay) -> AsyncIterator[RelayClient]:
+    """A started client of `relay` with a short backoff, stopped on the way out."""
+    settings = RelaySettings(backoff_min=0.05, backoff_max=0.1)
+    client = RelayClient(relay.url, ServerKey.generate(), Sink(), settings)
+    client.start()
+    try:
+        yield client
+    finally:
+        await client.stop()
+
+
 async def test_listener_survives_a_long_run_of_failed_connections() -> None:
     """Backoff doubles per failure: after ~1,025 failures in a row (17 h of a dead relay at the
     default 60 s cap) the doubling must not overflow and end the listener for good."""
@@ -58,23 +71,17 @@ async def test_listener_survives_a_long_run_of_failed_connections() -> None:
 async def test_repeated_closed_for_one_subscription_resubscribes_once() -> None:
     """A relay repeating CLOSED for the same subscription gets one new REQ, not one per frame
     (each extra REQ would leave an orphan subscription streaming every wrap again)."""
-    settings = RelaySettings(backoff_min=0.05, backoff_max=0.1)
-    async with ScriptedRelay() as relay:
-        client = RelayClient(relay.url, ServerKey.generate(), Sink(), settings)
-        client.start()
-        try:
-            first = await relay.expect("REQ")
-            await relay.send(["EOSE", first[1]])
-            for _ in range(20):
-                await relay.send(["CLOSED", first[1], "error: shutting down idle subscription"])
-            again = await relay.expect("REQ")
-            assert again[1] != first[1]
-            # The frames are read in order, and the new REQ waited a backoff period after
-            # the first CLOSED: the other 19 were read by then. Each one counted as a new
-            # failure would have scheduled a REQ of its own.
-            assert client.failures == 1
-        finally:
-            await client.stop()
+    async with ScriptedRelay() as relay, running_client(relay) as client:
+        first = await relay.expect("REQ")
+        await relay.send(["EOSE", first[1]])
+        for _ in range(20):
+            await relay.send(["CLOSED", first[1], "error: shutting down idle subscription"])
+        again = await relay.expect("REQ")
+        assert again[1] != first[1]
+        # The frames are read in order, and the new REQ waited a backoff period after
+        # the first CLOSED: the other 19 were read by then. Each one counted as a new
+        # failure would have scheduled a REQ of its own.
+        assert client.failures == 1
 
 
 async def test_an_unusable_auth_challenge_is_ignored_not_a_dead_subscription() -> None:
@@ -84,19 +91,15 @@ async def test_an_unusable_auth_challenge_is_ignored_not_a_dead_subscription() -
     loop = asyncio.get_running_loop()
     errors: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _loop, context: errors.append(context))
-    settings = RelaySettings(backoff_min=0.05, backoff_max=0.1)
-    async with ScriptedRelay() as relay:
-        client = RelayClient(relay.url, ServerKey.generate(), Sink(), settings)
-        client.start()
-        try:
+    try:
+        async with ScriptedRelay() as relay, running_client(relay):
             first = await relay.expect("REQ")
             await relay.send('["AUTH","\\ud800 challenge"]')
             await relay.send(["CLOSED", first[1], "auth-required: members only"])
             again = await relay.expect("REQ", timeout=5)
             assert again[1] != first[1]
-        finally:
-            await client.stop()
-            loop.set_exception_handler(None)
+    finally:
+        loop.set_exception_handler(None)
     gc.collect()  # "Task exception was never retrieved" is reported when the task is freed
     await asyncio.sleep(0)
     assert errors == []
@@ -106,25 +109,19 @@ async def test_an_auth_flood_is_not_answered_frame_for_frame() -> None:
     """Each answer costs a Schnorr signature (~0.1 ms) for a ~20-byte frame: a relay repeating
     AUTH must not make the gateway's event loop sign for every frame. One answer per challenge,
     and one at a time; a CLOSED ``auth-required:`` still answers the newest challenge."""
-    settings = RelaySettings(backoff_min=0.05, backoff_max=0.1)
-    async with ScriptedRelay() as relay:
-        client = RelayClient(relay.url, ServerKey.generate(), Sink(), settings)
-        client.start()
-        try:
-            first = await relay.expect("REQ")
-            for _ in range(100):
-                await relay.send(["AUTH", "same-challenge"])
-            for i in range(100):
-                await relay.send(["AUTH", f"challenge-{i}"])
-            answered = (await relay.expect("AUTH"))[1]
-            assert ["challenge", "same-challenge"] in answered["tags"]
-            await relay.send(["OK", answered["id"], True, ""])
-            await relay.send(["CLOSED", first[1], "auth-required: members only"])
-            # The next answer is the one CLOSED asks for, to the newest challenge: no
-            # answer went out per AUTH frame (those would have come first, in order).
-            answer = (await relay.expect("AUTH"))[1]
-            assert ["challenge", "challenge-99"] in answer["tags"]
-            await relay.send(["OK", answer["id"], True, ""])
-            await relay.expect("REQ")
-        finally:
-            await client.stop()
+    async with ScriptedRelay() as relay, running_client(relay):
+        first = await relay.expect("REQ")
+        for _ in range(100):
+            await relay.send(["AUTH", "same-challenge"])
+        for i in range(100):
+            await relay.send(["AUTH", f"challenge-{i}"])
+        answered = (await relay.expect("AUTH"))[1]
+        assert ["challenge", "same-challenge"] in answered["tags"]
+        await relay.send(["OK", answered["id"], True, ""])
+        await relay.send(["CLOSED", first[1], "auth-required: members only"])
+        # The next answer is the one CLOSED asks for, to the newest challenge: no
+        # answer went out per AUTH frame (those would have come first, in order).
+        answer = (await relay.expect("AUTH"))[1]
+        assert ["challenge", "challenge-99"] in answer["tags"]
+        await relay.send(["OK", answer["id"], True, ""])
+        await relay.expect("REQ")
