@@ -51,7 +51,7 @@ from aioapns.connection import (
     AuthorizationHeaderProvider,
     ChannelPool,
 )
-from aioapns.exceptions import ConnectionClosed, MaxAttemptsExceeded
+from aioapns.exceptions import ConnectionClosed
 from aioapns.exceptions import ConnectionError as ApnsConnectionError
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
@@ -755,7 +755,6 @@ class ApnsClient:
                 detail=f"no APNs answer within {self._timeout:g} s",
             )
         except (
-            MaxAttemptsExceeded,
             ConnectionClosed,
             ApnsConnectionError,
             StreamResetError,
