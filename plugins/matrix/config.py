@@ -81,6 +81,13 @@ class MatrixAppConfig(ConfigModel):
             )
         raise ValueError(f"unsupported app type {value!r} (expected apns or gcm)")
 
+    @field_validator("platform", "push_type", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # Sygnal tests these with `not value`: `platform: ""` is production and
+        # `push_type: ""` no push type (a templated config leaves them empty).
+        return None if value == "" else value
+
     @property
     def is_apns(self) -> bool:
         return self.type == "apns"

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -24,7 +24,13 @@ from plugins.matrix.config import MatrixAppConfig, MatrixConfig
 from plugins.matrix.metrics import SygnalMetrics
 from plugins.matrix.payloads import PayloadRejected
 from plugins.matrix.routing import AppRouter
-from plugins.matrix.validation import Device, Notification, NotifyError, parse_notify
+from plugins.matrix.validation import (
+    MSG_ENCRYPTED,
+    Device,
+    Notification,
+    NotifyError,
+    parse_notify,
+)
 
 log = logging.getLogger("plugins.matrix")
 
@@ -51,6 +57,35 @@ class _App:
     inflight: int = 0
 
 
+@dataclass
+class _RequestSlots:
+    """The in-flight slots one notify request holds, by app.
+
+    `inflight_request_limit` counts requests, as in Sygnal, which sends a request's
+    devices one after another so that a request holds one slot of its pushkin at most.
+    pushgw sends them concurrently: the devices of one request on one app share a slot,
+    taken by the first and given back by the last.
+    """
+
+    held: dict[str, int] = field(default_factory=dict)
+
+    def take(self, app: _App) -> bool:
+        """Take (or share) the request's slot of `app`; False when the app is full."""
+        if self.held.get(app.name):
+            self.held[app.name] += 1
+            return True
+        if app.inflight >= app.config.inflight_request_limit:
+            return False
+        app.inflight += 1
+        self.held[app.name] = 1
+        return True
+
+    def release(self, app: _App) -> None:
+        self.held[app.name] -= 1
+        if not self.held[app.name]:
+            app.inflight -= 1
+
+
 def outcome_of(receipt: Receipt) -> Result:
     """Map the core's final receipt to what the homeserver is told (§3, §4)."""
     if receipt.outcome is Outcome.OK:
@@ -74,6 +109,7 @@ class MatrixFrontend:
         self.sygnal = metrics.sygnal
         self.apps = {name: _App(name, app) for name, app in config.apps.items()}
         self.router = AppRouter(self.apps)
+        metrics.touch_apps(self.apps)
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_route("*", NOTIFY_PATH, self.notify)
@@ -111,24 +147,35 @@ class MatrixFrontend:
         return response
 
     async def _notify(self, request: web.Request) -> web.Response:
-        body = await self._read_body(request)
+        try:
+            body = await self._read_body(request)
+        except web.RequestPayloadError:  # a body its Content-Encoding does not decode
+            log.warning("invalid notify request: the body does not decode")
+            return web.Response(status=400, text="Body does not decode")
         if body is None:
             return web.Response(status=413, text="Request body too large")
         try:
-            notification = parse_notify(body)
+            notification = parse_notify(body, defer_encrypted=True)
         except NotifyError as exc:
             log.warning("invalid notify request: %s", exc)
             return web.Response(status=400, text=str(exc))
+        if notification.invalid_encrypted and self._reads_msc3013(notification.devices):
+            # Checked before anything is sent: a 400 must mean nothing was delivered.
+            log.warning("invalid notify request: %s", MSG_ENCRYPTED)
+            return web.Response(status=400, text=MSG_ENCRYPTED)
         if self.sygnal:
             self.metrics.notifications_received.inc()
             self.metrics.devices_received.inc(len(notification.devices))
         deadline = time.monotonic() + self.config.notify_deadline
         devices = notification.devices
+        slots = _RequestSlots()
         if len(devices) == 1:
-            results: Iterable[Result] = [await self._device(notification, devices[0], 0, deadline)]
+            results: Iterable[Result] = [
+                await self._device(notification, devices[0], 0, deadline, slots)
+            ]
         else:
             results = await asyncio.gather(
-                *(self._device(notification, d, i, deadline) for i, d in enumerate(devices))
+                *(self._device(notification, d, i, deadline, slots) for i, d in enumerate(devices))
             )
         rejected = []
         for device, result in zip(devices, results, strict=True):
@@ -142,12 +189,21 @@ class MatrixFrontend:
             content_type="application/json",
         )
 
+    def _reads_msc3013(self, devices: Iterable[Device]) -> bool:
+        """Whether one of `devices` goes to an app that reads the MSC3013 fields
+        (`msc3013_mode` other than `off`; an unknown app_id reads nothing)."""
+        for device in devices:
+            name = self.router.route(device.app_id).app
+            if name is not None and self.apps[name].config.msc3013_mode != "off":
+                return True
+        return False
+
     async def _read_body(self, request: web.Request) -> bytes | None:
+        """The body, or None when it is over `max_body_bytes`. Counted as read, after
+        any Content-Encoding: a gzip body's Content-Length is its compressed size."""
         limit = self.config.max_body_bytes
-        if request.content_length is not None:
-            if request.content_length > limit:
-                return None
-            return await request.content.read()  # the body ends at its Content-Length
+        if request.content_length is not None and request.content_length > limit:
+            return None  # too large even before inflating: not read at all
         chunks = []
         size = 0
         async for chunk in request.content.iter_chunked(64 * 1024):
@@ -159,7 +215,9 @@ class MatrixFrontend:
 
     # --- one device ------------------------------------------------------------------
 
-    async def _device(self, n: Notification, device: Device, index: int, deadline: float) -> Result:
+    async def _device(
+        self, n: Notification, device: Device, index: int, deadline: float, slots: _RequestSlots
+    ) -> Result:
         route = self.router.route(device.app_id)
         if route.app is None:
             assert route.error is not None
@@ -181,21 +239,20 @@ class MatrixFrontend:
         except PayloadRejected as exc:
             log.warning("device %d, app %s: pushkey rejected: %s", index, app.name, exc)
             return Result.REJECTED
-        if app.inflight >= app.config.inflight_request_limit:
+        if not slots.take(app):
             log.warning("app %s: inflight_request_limit reached, dropping", app.name)
             if self.sygnal:
                 self.metrics.inflight_drop(app.name).inc()
             return Result.FAILED
-        if planned.encrypted:
-            self.metrics.msc3013_encrypted(app.name).inc()
-        if planned.oversize:
-            self.metrics.msc3013_oversize(app.name).inc()
-            log.warning("app %s: MSC3013 payload too large, ciphertext omitted", app.name)
-        app.inflight += 1
         try:
+            if planned.encrypted:
+                self.metrics.msc3013_encrypted(app.name).inc()
+            if planned.oversize:
+                self.metrics.msc3013_oversize(app.name).inc()
+                log.warning("app %s: MSC3013 payload too large, ciphertext omitted", app.name)
             receipt = await self._send(app, token, planned, deadline)
         finally:
-            app.inflight -= 1
+            slots.release(app)
         result = outcome_of(receipt)
         if result is Result.REJECTED:
             log.info("device %d, app %s: pushkey rejected (%s)", index, app.name, receipt.reason)

@@ -9,14 +9,16 @@ Provider-side families are fed from what the plugin observes around `context.sen
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.api import Children, Metrics
 
-__all__ = ["SygnalMetrics", "metrics_for"]
+__all__ = ["NOTIFY_RESOURCE", "SygnalMetrics", "metrics_for"]
 
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# `resource` of sygnal_requests_in_flight: Sygnal labels it with its handler's class name.
+NOTIFY_RESOURCE = "V1NotifyHandler"
 
 
 class SygnalMetrics:
@@ -78,12 +80,12 @@ class SygnalMetrics:
                 registry=r,
             )
         )
+        # prometheus-client's default buckets, as Sygnal's (SLO rules select them by `le`)
         self.notify_time = metrics.children(
             Histogram(
                 "sygnal_notify_time",
                 "Time taken to handle /notify push gateway request",
                 ["code"],
-                buckets=_BUCKETS,
                 registry=r,
             )
         )
@@ -94,9 +96,11 @@ class SygnalMetrics:
                 ["resource"],
                 registry=r,
                 multiprocess_mode="livesum",
-            ).labels("notify")
+            ).labels(NOTIFY_RESOURCE)
         )
-        self.inflight_drop = Children(  # rare: no tally
+        # Rare: no tally. Its children are created for every app at start-up
+        # (`touch_apps`), as Sygnal does, so that the series exist at 0 before any drop.
+        self.inflight_drop = Children(
             Counter(
                 "sygnal_inflight_request_limit_drop",
                 "Number of notifications dropped because the number of inflight requests"
@@ -163,6 +167,13 @@ class SygnalMetrics:
                 registry=r,
             )
         )
+
+    def touch_apps(self, names: Iterable[str]) -> None:
+        """Export the per-app families that Sygnal creates at start-up, at 0."""
+        if not self.sygnal:
+            return
+        for name in names:
+            self.inflight_drop(name)
 
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, SygnalMetrics] = (

@@ -12,6 +12,7 @@
 | `log`, `metrics.opentracing`, `metrics.sentry`, `db`, `database` | ignored, with a warning |
 | `pushgw` (not a Sygnal key) | merged as native pushgw sections (`store`, `receipts`...) |
 
+Ports are read as Sygnal reads them, with `int()`: `port: "5000"` is port 5000.
 Unknown keys are reported with their key path: as warnings by default (Sygnal itself
 warns and carries on), as errors with `strict=True`. Real mistakes (a `webpush` app,
 an invalid `platform`, missing credentials, no apps at all, a proxy that is not
@@ -81,6 +82,27 @@ def _proxy_url(value: str) -> str | None:
     return parts.geturl()
 
 
+def _port(value: Any, path: str, problems: list[str]) -> int | None:
+    """A port as Sygnal reads it, with `int()`: an integer, or a string holding one
+    (`port: "5000"`, as templated configs and environment substitutions write it).
+
+    Anything else (a float, a boolean, a string that is not a number) is a problem:
+    Sygnal would fail on it at start-up, or truncate a float silently.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        problems.append(f"{path}: expected an integer port number, not {shown!r}")
+        return None
+    problems.append(f"{path}: expected an integer port number, not {type(value).__name__}")
+    return None
+
+
 def translate_sygnal_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Translate parsed Sygnal YAML; returns (pushgw config data, warnings).
 
@@ -105,10 +127,8 @@ def translate_sygnal_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], li
     for key in http:
         if key not in _HTTP:
             warnings.append(f"http.{key}: unknown key, ignored")
-    port = http.get("port", 5000)
-    if isinstance(port, bool) or not isinstance(port, int):
-        problems.append("http.port: expected an integer")
-    else:
+    port = _port(http.get("port", 5000), "http.port", problems)
+    if port is not None:
         server["port"] = port
     addresses = http.get("bind_addresses", ["127.0.0.1"])
     if isinstance(addresses, str):
@@ -139,10 +159,8 @@ def translate_sygnal_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], li
         if key not in _PROMETHEUS:
             warnings.append(f"metrics.prometheus.{key}: unknown key, ignored")
     if prometheus.get("enabled"):
-        metrics_port = prometheus.get("port", 8000)
-        if isinstance(metrics_port, bool) or not isinstance(metrics_port, int):
-            problems.append("metrics.prometheus.port: expected an integer")
-        else:
+        metrics_port = _port(prometheus.get("port", 8000), "metrics.prometheus.port", problems)
+        if metrics_port is not None:
             server["metrics_port"] = metrics_port
         address = prometheus.get("address", "127.0.0.1")
         if address != server.get("host"):

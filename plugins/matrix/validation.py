@@ -17,11 +17,13 @@ from typing import Any
 __all__ = [
     "MSG_BAD_JSON",
     "MSG_BAD_NOTIFICATION",
+    "MSG_ENCRYPTED",
     "MSG_NO_DEVICES",
     "Counts",
     "Device",
     "Notification",
     "NotifyError",
+    "parse_notification",
     "parse_notify",
 ]
 
@@ -102,6 +104,9 @@ class Notification:
     ephemeral: str | None = None
     mac: str | None = None
     is_counts_only: bool | None = None
+    # `parse_notification(..., defer_encrypted=True)`: the MSC3013 fields were malformed
+    # and are left out above; the caller answers MSG_ENCRYPTED if a device uses them.
+    invalid_encrypted: bool = False
 
     @property
     def encrypted(self) -> bool:
@@ -204,8 +209,16 @@ def _parse_device(raw: Any) -> Device:
     return Device(raw["app_id"], raw["pushkey"], pushkey_ts, data, sound)
 
 
-def parse_notification(body: Any) -> Notification:
-    """Validate a decoded request body, in the order of matrix.md §1.1."""
+def parse_notification(body: Any, *, defer_encrypted: bool = False) -> Notification:
+    """Validate a decoded request body, in the order of matrix.md §1.1.
+
+    With `defer_encrypted`, malformed MSC3013 fields (`ciphertext`/`ephemeral`/`mac`,
+    `is_counts_only`) do not raise when there are devices: the notification comes back
+    without them and with `invalid_encrypted` set, for the caller to answer
+    `MSG_ENCRYPTED` only if one of the devices belongs to an app that reads them (an app
+    with `msc3013_mode: off` ignores them, as Sygnal does). Without devices the order of
+    §1.1 holds: `MSG_ENCRYPTED` before `MSG_NO_DEVICES`.
+    """
     notif = body.get("notification") if isinstance(body, dict) else None
     if not isinstance(notif, dict):
         raise NotifyError(MSG_BAD_NOTIFICATION)
@@ -230,15 +243,22 @@ def parse_notification(body: Any) -> Notification:
 
     present = [k for k in _CRYPTO_FIELDS if k in notif]
     crypto: dict[str, str | None] = dict.fromkeys(_CRYPTO_FIELDS)
+    invalid_encrypted = False
     if present:
         if len(present) != len(_CRYPTO_FIELDS) or not all(
             isinstance(notif[k], str) for k in _CRYPTO_FIELDS
         ):
-            raise NotifyError(MSG_ENCRYPTED)
-        crypto = {k: notif[k] for k in _CRYPTO_FIELDS}
+            invalid_encrypted = True
+        else:
+            crypto = {k: notif[k] for k in _CRYPTO_FIELDS}
     is_counts_only = notif.get("is_counts_only")
     if "is_counts_only" in notif and not isinstance(is_counts_only, bool):
-        raise NotifyError(MSG_ENCRYPTED)
+        invalid_encrypted = True
+    if invalid_encrypted:
+        if not (defer_encrypted and devices):
+            raise NotifyError(MSG_ENCRYPTED)
+        crypto = dict.fromkeys(_CRYPTO_FIELDS)
+        is_counts_only = None
 
     if not devices:
         raise NotifyError(MSG_NO_DEVICES)
@@ -256,10 +276,11 @@ def parse_notification(body: Any) -> Notification:
         ephemeral=crypto["ephemeral"],
         mac=crypto["mac"],
         is_counts_only=is_counts_only,
+        invalid_encrypted=invalid_encrypted,
         **strings,
     )
 
 
-def parse_notify(body: bytes) -> Notification:
+def parse_notify(body: bytes, *, defer_encrypted: bool = False) -> Notification:
     """Decode and validate a notify request body; raise `NotifyError` with Sygnal's message."""
-    return parse_notification(decode_json(body))
+    return parse_notification(decode_json(body), defer_encrypted=defer_encrypted)

@@ -106,6 +106,48 @@ async def test_mode_off_is_sygnal_parity(make_gateway: Any, apns: ApnsSimulator)
     assert apns.requests[0].json == {"aps": {"badge": 1}}
 
 
+# A malformed MSC3013 section only matters to devices whose app reads it (mode auto or
+# passthrough): it is answered 400 before anything is sent if the request has such a
+# device, and ignored (Sygnal parity) when every device is on an `off` app or unknown.
+BROKEN = {"mac": "not-msc3013", "is_counts_only": "yes"}
+
+
+async def test_mode_off_with_an_unknown_app_ignores_a_broken_section(
+    make_gateway: Any, apns: ApnsSimulator
+) -> None:
+    async with make_gateway(ios={"msc3013_mode": "off"}) as gw:
+        key, hexkey = apns_pushkey()
+        body = notification([device(IOS, key), device("com.example.unknown", "gone")], **BROKEN)
+        response = await gw.client.post(NOTIFY, json=body)
+        assert (response.status, await response.json()) == (200, {"rejected": ["gone"]})
+    assert [r.token for r in apns.requests] == [hexkey]
+    assert "mac" not in apns.requests[0].json
+
+
+@pytest.mark.parametrize("mode", ["auto", "passthrough"])
+async def test_broken_section_with_a_device_that_reads_it_is_a_400(
+    make_gateway: Any, apns: ApnsSimulator, fcm: FcmSimulator, mode: str
+) -> None:
+    async with make_gateway(ios={"msc3013_mode": "off"}, android={"msc3013_mode": mode}) as gw:
+        body = notification([device(IOS, apns_pushkey()[0]), device(ANDROID, fcm_pushkey())])
+        body["notification"]["mac"] = "not-msc3013"
+        response = await gw.client.post(NOTIFY, json=body)
+        assert (response.status, await response.text()) == (400, "Invalid encrypted notification")
+    assert apns.requests == [] and fcm.requests == []  # nothing sent, not even to `off`
+
+
+async def test_mode_off_next_to_auto_with_a_valid_section(
+    make_gateway: Any, apns: ApnsSimulator, fcm: FcmSimulator
+) -> None:
+    async with make_gateway(ios={"msc3013_mode": "off"}) as gw:
+        devices = [device(IOS, apns_pushkey()[0]), device(ANDROID, fcm_pushkey())]
+        body = notification(devices, counts=..., **FRAME)
+        assert (await gw.client.post(NOTIFY, json=body)).status == 200
+    sent = apns.requests[0].json  # off: the fields ignored, Sygnal's alert
+    assert not FRAME.keys() & sent.keys() and sent["aps"]["alert"]["loc-key"]
+    assert fcm.requests[0].message["data"] == FRAME  # auto: forwarded
+
+
 # --- gateway-encrypt -------------------------------------------------------------------------
 
 

@@ -68,7 +68,10 @@ ANDROID = "com.example.android"
             "sound is of invalid type",
         ),
         (
-            b'{"notification": {"devices": [{"app_id": "a", "pushkey": "k"}], "mac": "x"}}',
+            # an app that reads the MSC3013 fields (msc3013_mode auto): for an unknown
+            # app or an `off` app they are ignored (test_msc3013_http.py)
+            b'{"notification": {"devices": [{"app_id": "com.example.ios", "pushkey": "k"}],'
+            b' "mac": "x"}}',
             "Invalid encrypted notification",
         ),
         (b'{"notification": {"devices": []}}', "No devices in notification"),
@@ -471,6 +474,28 @@ async def test_inflight_request_limit(
     assert f'sygnal_inflight_request_limit_drop_total{{pushkin="{IOS}"}} 1.0' in metrics
 
 
+async def test_inflight_request_limit_counts_requests_not_devices(
+    make_gateway: Any, apns: ApnsSimulator
+) -> None:
+    # Sygnal dispatches a request's devices one after another, so a request holds at
+    # most one of its pushkin's in-flight slots; pushgw sends them concurrently and must
+    # not refuse a request's second device for the slot its first one holds.
+    slow, slow_hex = apns_pushkey(1)
+    apns.script(slow_hex, ApnsResponse.ok(delay=1.0))
+    async with make_gateway(ios={"inflight_request_limit": 1}) as gw:
+        both = [device(IOS, slow), device(IOS, apns_pushkey(2)[0])]
+        first = asyncio.create_task(gw.client.post(NOTIFY, json=notification(both)))
+        await apns.wait_for_requests(2)  # both devices sent while one slot is held
+        other = await gw.client.post(NOTIFY, json=notification([device(IOS, apns_pushkey(3)[0])]))
+        assert other.status == 502  # the slot is the first request's until it ends
+        answer = await first
+        assert (answer.status, await answer.json()) == (200, {"rejected": []})
+        after = await gw.client.post(NOTIFY, json=notification([device(IOS, apns_pushkey(4)[0])]))
+        assert after.status == 200  # and released when it ends
+        metrics = await (await gw.client.get("/metrics")).text()
+    assert f'sygnal_inflight_request_limit_drop_total{{pushkin="{IOS}"}} 1.0' in metrics
+
+
 async def test_broken_app_does_not_delay_another(post: Post, apns: ApnsSimulator) -> None:
     slow, slow_hex = apns_pushkey(1)
     apns.script(slow_hex, ApnsResponse(503, "ServiceUnavailable"))
@@ -509,7 +534,7 @@ async def test_metrics_and_no_pushkeys_anywhere(
         'sygnal_pushgateway_status_codes_total{code="200"} 1.0',
         'sygnal_pushgateway_status_codes_total{code="400"} 1.0',
         'sygnal_notify_time_bucket{code="200",le="+Inf"} 1.0',
-        'sygnal_requests_in_flight{resource="notify"} 0.0',
+        'sygnal_requests_in_flight{resource="V1NotifyHandler"} 0.0',
         f'sygnal_apns_status_codes_total{{code="200",pushkin="{IOS}"}} 1.0',
         f'sygnal_gcm_status_codes_total{{code="404",pushkin="{ANDROID}"}} 1.0',
         "sygnal_apns_request_time_count 1.0",

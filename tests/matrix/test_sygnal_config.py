@@ -13,6 +13,7 @@ from gateway.app import load_gateway
 from gateway.config import ConfigError
 from gateway.testing.apns_sim import generate_apns_auth_key
 from gateway.testing.fcm_sim import make_service_account
+from plugins.matrix.config import MatrixConfig
 from plugins.matrix.sygnal_config import (
     SygnalConfigError,
     load_sygnal_config,
@@ -101,6 +102,37 @@ def test_defaults(credentials: dict[str, str]) -> None:
     config, _ = translate_sygnal_config({"apps": {"com.example.android": android}})
     assert config["server"] == {"host": "127.0.0.1", "port": 5000}
     assert "metrics_port" not in config["server"]
+
+
+def test_ports_read_with_int_as_sygnal(credentials: dict[str, str]) -> None:
+    data = sygnal(credentials, http={"port": " 5005 "})
+    data["metrics"]["prometheus"]["port"] = "8005"
+    config, _ = translate_sygnal_config(data)
+    assert (config["server"]["port"], config["server"]["metrics_port"]) == (5005, 8005)
+
+
+@pytest.mark.parametrize(
+    ("port", "shown"),
+    [("http", "not 'http'"), ("5000.0", "not '5000.0'"), (True, "not bool"), (5000.0, "not float")],
+)
+def test_ports_that_are_not_integers(credentials: dict[str, str], port: Any, shown: str) -> None:
+    data = sygnal(credentials, http={"port": port})
+    data["metrics"]["prometheus"]["port"] = port
+    with pytest.raises(SygnalConfigError) as info:
+        translate_sygnal_config(data)
+    assert info.value.problems == [
+        f"http.port: expected an integer port number, {shown}",
+        f"metrics.prometheus.port: expected an integer port number, {shown}",
+    ]
+
+
+def test_empty_platform_and_push_type_are_unset(credentials: dict[str, str]) -> None:
+    data = sygnal(credentials)
+    data["apps"]["com.example.ios"].update(platform="", push_type="")
+    config, _ = translate_sygnal_config(data)
+    matrix = MatrixConfig.model_validate(config["plugins"]["matrix"])
+    ios = matrix.core_apps["com.example.ios"]
+    assert ios.environment == "production" and ios.push_type is None  # type: ignore[union-attr]
 
 
 def test_unknown_keys_warn_with_paths(

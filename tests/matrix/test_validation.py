@@ -93,6 +93,22 @@ def test_order_first_bad_device_wins() -> None:
 def test_empty_devices_checked_last() -> None:
     raw = body({"devices": [], "ciphertext": "a"})
     assert error_of(raw) == "Invalid encrypted notification"
+    with pytest.raises(NotifyError, match="Invalid encrypted notification"):
+        parse_notify(raw, defer_encrypted=True)  # no device to defer to: §1.1 order
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"ciphertext": "a"}, {"ciphertext": "a", "ephemeral": "b", "mac": 1}, {"is_counts_only": 1}],
+)
+def test_deferred_encrypted_section(fields: dict[str, Any]) -> None:
+    """The handler defers the check to the devices' apps (`msc3013_mode: off` ignores it)."""
+    n = parse_notify(body({"devices": [dev()], **fields}), defer_encrypted=True)
+    assert n.invalid_encrypted and not n.encrypted
+    assert (n.ciphertext, n.ephemeral, n.mac, n.is_counts_only) == (None, None, None, None)
+    valid = {"ciphertext": "c", "ephemeral": "e", "mac": "m"}
+    n = parse_notify(body({"devices": [dev()], **valid}), defer_encrypted=True)
+    assert n.encrypted and not n.invalid_encrypted
 
 
 def test_lenient_fields() -> None:
