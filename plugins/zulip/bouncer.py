@@ -157,9 +157,15 @@ def _max_row_id(rows: Any, name: str) -> int:
     return best
 
 
-def _realm_infos(raw: Any) -> list[repo.RealmInfo]:
+def _realm_infos(raw: Any, limit: int) -> list[repo.RealmInfo]:
     if not isinstance(raw, list):
         raise ZulipError("realms is not a list")
+    if len(raw) > limit:
+        # A Zulip server has a handful of realms; a list this long is not one.
+        raise ZulipError(
+            f"realms has {len(raw)} entries: this push notification service accepts "
+            f"at most {limit} realms per server"
+        )
     infos: dict[str, repo.RealmInfo] = {}
     for i, item in enumerate(raw):
         where = f"realms[{i}]"
@@ -322,12 +328,13 @@ class Bouncer:
 
     # --- servers ---------------------------------------------------------------------
 
-    def _may_register(self, org_id: str, hostname: str) -> bool:
+    def _may_register(self, org_id: str) -> bool:
+        """By the server's UUID only: its hostname is a claim nothing checks."""
         policy = self.config.registration
         if policy == "open":
             return True
         if policy == "allowlist":
-            return org_id in self.config.allowlist or hostname in self.config.allowlist
+            return org_id in self.config.allowlist
         return False
 
     async def server_register(self, request: web.Request) -> web.Response:
@@ -346,7 +353,7 @@ class Bouncer:
         async with self.engine.begin() as conn:
             server = await repo.get_server(conn, org_id)
             if server is None:
-                if not self._may_register(org_id, hostname):
+                if not self._may_register(org_id):
                     raise ZulipError(REGISTRATION_CLOSED)
                 if await repo.hostname_in_use(conn, hostname, org_id):
                     raise ZulipError(
@@ -391,7 +398,8 @@ class Bouncer:
             ),
         }
         raw_realms = json_field(params, "realms", None)
-        infos = _realm_infos(raw_realms) if raw_realms is not None else []
+        limit = self.config.analytics_max_realms
+        infos = _realm_infos(raw_realms, limit) if raw_realms is not None else []
         meta = {
             "version": _json_text(params, "version"),
             "merge_base": _json_text(params, "merge_base"),

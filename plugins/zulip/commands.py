@@ -4,6 +4,7 @@
     pushgw zulip servers
     pushgw zulip disable (--server UUID | --realm UUID) [--reason TEXT]
     pushgw zulip enable  (--server UUID | --realm UUID)
+    pushgw zulip deactivate --server UUID            (as the server's own server/deactivate)
     pushgw zulip keys generate|add [--file PATH]     (prints only the public half)
     pushgw zulip keys list [--file PATH]
     pushgw zulip keys remove PUBLIC [--file PATH]
@@ -68,6 +69,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         if not enable:
             p.add_argument("--reason", default=None, help="told to the Zulip server")
         p.set_defaults(handler=cmd_enable if enable else cmd_disable)
+
+    deactivate = sub.add_parser(
+        "deactivate",
+        help="deactivate a server as its own server/deactivate does (frees its hostname)",
+    )
+    deactivate.add_argument("--server", required=True, help="server UUID")
+    deactivate.set_defaults(handler=cmd_deactivate)
 
     keys = sub.add_parser("keys", help="bouncer key pairs (E2EE registrations)")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
@@ -263,6 +271,22 @@ async def cmd_disable(args: argparse.Namespace, command_context: CommandContext)
 
 async def cmd_enable(args: argparse.Namespace, command_context: CommandContext) -> int:
     return await _set_disabled(args, command_context, False)
+
+
+async def cmd_deactivate(args: argparse.Namespace, command_context: CommandContext) -> int:
+    """What `server/deactivate` does, for a server that will not call it: an impostor
+    holding a hostname under `registration: open`. Its hostname is then free and every
+    call it makes fails as for a self-deactivated server; there is no undoing it."""
+    async with open_store(command_context) as (engine, _loaded), engine.begin() as conn:
+        server = await repo.get_server(conn, args.server)
+        if server is None:
+            return _fail("no such server")
+        if server.deactivated_at is not None:  # keep the date: gc counts from it
+            print(f"{args.server} was already deactivated")
+            return 0
+        await repo.update_server(conn, server.id, deactivated_at=repo.now_utc())
+    print(f"deactivated {args.server} ({server.hostname})")
+    return 0
 
 
 def cmd_keys_generate(args: argparse.Namespace, command_context: CommandContext) -> int:

@@ -4,7 +4,7 @@
 plugins:
   zulip:
     registration: open            # open | allowlist | closed
-    allowlist: []                 # server UUIDs or hostnames (registration: allowlist)
+    allowlist: []                 # server UUIDs, `zulip_org_id` (registration: allowlist)
     legacy_api: true              # false: relay only end-to-end encrypted pushes
     bouncer_keys_file: /etc/pushgw/zulip-bouncer-keys.json   # {"<public b64>": "<private b64>"}
     apps:
@@ -21,6 +21,7 @@ id is X, else the APNs app whose `topic` is X; the `apns-topic` header is always
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -35,7 +36,9 @@ class ZulipConfig(ConfigModel):
     """Configuration of the Zulip push bouncer."""
 
     registration: Literal["open", "allowlist", "closed"] = "open"
-    allowlist: list[str] = Field(default_factory=list)
+    allowlist: list[str] = Field(
+        default_factory=list, description="Server UUIDs (zulip_org_id) for registration: allowlist"
+    )
     legacy_api: bool = True
     bouncer_keys: dict[str, SecretStr] = Field(
         default_factory=dict,
@@ -54,6 +57,9 @@ class ZulipConfig(ConfigModel):
     )
     analytics_max_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Body limit of server/analytics uploads"
+    )
+    analytics_max_realms: int = Field(
+        1000, ge=1, description="Realms a server/analytics upload may list (else a 400)"
     )
     registration_liveness: int = Field(86400, gt=0)
     duplicate_window: float = Field(120.0, ge=0)
@@ -80,6 +86,28 @@ class ZulipConfig(ConfigModel):
                         f"bouncer key {number} of {len(value)}: private key is not a string"
                     )
         return value
+
+    @field_validator("allowlist")
+    @classmethod
+    def _server_uuids(cls, value: list[str]) -> list[str]:
+        # Entries are server UUIDs only. A hostname is whatever a registering server
+        # claims (nothing checks it), so a hostname entry let anyone register under it
+        # and then, hostnames being unique, locked the real server out.
+        entries = []
+        for entry in value:
+            try:
+                parsed = uuid.UUID(entry.strip())
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not a server UUID: list the Zulip server's zulip_org_id "
+                    "(from its /etc/zulip/zulip-secrets.conf) instead. Hostnames are not "
+                    "accepted: a hostname is only what a registering server claims, so "
+                    "anyone could register under it (docs/zulip.md)"
+                ) from None
+            if parsed.version != 4:
+                raise ValueError(f"{entry!r} is not a Zulip server UUID (a UUID version 4)")
+            entries.append(str(parsed))
+        return entries
 
     @model_validator(mode="after")
     def _check(self) -> ZulipConfig:

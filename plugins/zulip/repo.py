@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
-from sqlalchemy import BigInteger, and_, case, delete, literal, or_, select, update
+from sqlalchemy import BigInteger, and_, bindparam, case, delete, literal, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -37,6 +37,17 @@ __all__ = [
 
 APNS_KIND = "apns"
 FCM_KIND = "fcm"
+
+IN_CHUNK = 500
+"""Values per `IN (...)` list: one bound parameter each, far below the limits of SQLite
+(32,766) and asyncpg (32,767), whatever the length of the list a request names."""
+
+T = TypeVar("T")
+
+
+def _chunks(items: Sequence[T], size: int = IN_CHUNK) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def now_utc() -> datetime:
@@ -167,13 +178,13 @@ async def get_realm(conn: AsyncConnection, uuid: str) -> DbRow | None:
 async def realms_of_other_servers(
     conn: AsyncConnection, server_id: int, uuids: Iterable[str]
 ) -> list[str]:
-    wanted = list(uuids)
-    if not wanted:
-        return []
-    result = await conn.execute(
-        select(realms.c.uuid).where(realms.c.uuid.in_(wanted), realms.c.server_id != server_id)
-    )
-    return [r.uuid for r in result]
+    found: list[str] = []
+    for chunk in _chunks(sorted(set(uuids))):
+        result = await conn.execute(
+            select(realms.c.uuid).where(realms.c.uuid.in_(chunk), realms.c.server_id != server_id)
+        )
+        found.extend(r.uuid for r in result)
+    return found
 
 
 async def upsert_realms(
@@ -183,15 +194,23 @@ async def upsert_realms(
 
     Returns this server's realms by UUID: a realm of `infos` that is missing from it
     belongs to another server (claimed concurrently).
+
+    A bounded number of statements whatever the number of realms: the new ones are
+    inserted by one executemany, the changed ones updated by another (an upload
+    that repeats what is stored, the usual case, writes nothing), the missing ones
+    marked in chunks.
     """
     now = now_utc()
     existing = {
         r.uuid: r
         for r in (await conn.execute(select(realms).where(realms.c.server_id == server_id))).all()
     }
+    new: list[dict[str, Any]] = []
+    changed: list[dict[str, Any]] = []
     # In UUID order: two uploads claiming the same new realms in opposite orders would
     # each wait on the other's uncommitted insert (a deadlock PostgreSQL breaks with an
     # error, a 500) instead of one of them getting "Duplicate registration detected.".
+    # The executemany below inserts in this order.
     for info in sorted(infos, key=lambda i: i.uuid):
         values: dict[str, Any] = {
             "host": info.host,
@@ -203,45 +222,59 @@ async def upsert_realms(
         }
         row = existing.get(info.uuid)
         if row is None:
-            try:
-                async with conn.begin_nested():
-                    await conn.execute(
-                        realms.insert().values(
-                            server_id=server_id,
-                            uuid=info.uuid,
-                            created_at=now,
-                            push_disabled=False,
-                            deactivated_at=now if info.deactivated else None,
-                            **values,
-                        )
-                    )
-            except IntegrityError:
-                # Created concurrently, by this server (fine: update it) or by another
-                # one whose transaction committed after the caller's "Duplicate
-                # registration" check. Then nothing is updated, the realm is missing
-                # from the result, and the caller must refuse the upload.
-                await conn.execute(
-                    update(realms)
-                    .where(realms.c.uuid == info.uuid, realms.c.server_id == server_id)
-                    .values(**values)
-                )
-        else:
-            if info.deactivated and row.deactivated_at is None:
-                values["deactivated_at"] = now
-            elif not info.deactivated:
-                values["deactivated_at"] = None
-            await conn.execute(update(realms).where(realms.c.id == row.id).values(**values))
+            new.append(
+                {
+                    "server_id": server_id,
+                    "uuid": info.uuid,
+                    "created_at": now,
+                    "push_disabled": False,
+                    "deactivated_at": now if info.deactivated else None,
+                    **values,
+                }
+            )
+            continue
+        values["deactivated_at"] = (row.deactivated_at or now) if info.deactivated else None
+        if any(getattr(row, column) != value for column, value in values.items()):
+            changed.append({"realm_id": row.id, **values})
+    if new:
+        try:
+            async with conn.begin_nested():
+                await conn.execute(realms.insert(), new)
+        except IntegrityError:
+            # Some were created concurrently: one at a time, to tell which.
+            for values in new:
+                await _insert_realm(conn, server_id, values)
+    if changed:
+        # The SET clause is the other keys of the parameter sets (all alike).
+        await conn.execute(update(realms).where(realms.c.id == bindparam("realm_id")), changed)
     if complete:
         listed = {i.uuid for i in infos}
-        missing = [
+        missing = sorted(
             r.id for u, r in existing.items() if u not in listed and r.locally_deleted_at is None
-        ]
-        if missing:
+        )
+        for chunk in _chunks(missing):
             await conn.execute(
-                update(realms).where(realms.c.id.in_(missing)).values(locally_deleted_at=now)
+                update(realms).where(realms.c.id.in_(chunk)).values(locally_deleted_at=now)
             )
     result = await conn.execute(select(realms).where(realms.c.server_id == server_id))
     return {r.uuid: r for r in result.all()}
+
+
+async def _insert_realm(conn: AsyncConnection, server_id: int, values: dict[str, Any]) -> None:
+    try:
+        async with conn.begin_nested():
+            await conn.execute(realms.insert().values(**values))
+    except IntegrityError:
+        # Created concurrently, by this server (fine: update it) or by another one whose
+        # transaction committed after the caller's "Duplicate registration" check. Then
+        # nothing is updated, the realm is missing from the result, and the caller must
+        # refuse the upload.
+        kept = ("server_id", "uuid", "created_at", "push_disabled", "deactivated_at")
+        await conn.execute(
+            update(realms)
+            .where(realms.c.uuid == values["uuid"], realms.c.server_id == server_id)
+            .values({k: v for k, v in values.items() if k not in kept})
+        )
 
 
 async def touch_realm(conn: AsyncConnection, realm_id: int) -> None:
@@ -303,10 +336,8 @@ async def register_e2ee(
 async def active_e2ee_devices(
     conn: AsyncConnection, realm_id: int, token_ids: Iterable[int]
 ) -> dict[int, DbRow]:
-    wanted = sorted(set(token_ids))
     out: dict[int, DbRow] = {}
-    for start in range(0, len(wanted), 500):
-        chunk = wanted[start : start + 500]
+    for chunk in _chunks(sorted(set(token_ids))):
         result = await conn.execute(
             select(e2ee_devices).where(
                 e2ee_devices.c.realm_id == realm_id,

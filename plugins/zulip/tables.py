@@ -28,6 +28,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 __all__ = ["e2ee_devices", "legacy_devices", "metadata", "realms", "servers"]
@@ -45,14 +46,14 @@ servers = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("last_request_at", DateTime(timezone=True), nullable=True),
     Column("deactivated_at", DateTime(timezone=True), nullable=True),
-    Column("push_disabled", Boolean, nullable=False, default=False),
+    Column("push_disabled", Boolean, nullable=False, default=False, server_default=false()),
     Column("disabled_reason", String(255), nullable=True),
     Column("version", String(128), nullable=True),
     Column("merge_base", String(128), nullable=True),
     Column("api_feature_level", Integer, nullable=True),
-    Column("last_realm_count_id", BigInteger, nullable=False, default=0),
-    Column("last_installation_count_id", BigInteger, nullable=False, default=0),
-    Column("last_realmauditlog_id", BigInteger, nullable=False, default=0),
+    Column("last_realm_count_id", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("last_installation_count_id", BigInteger, nullable=False, default=0, server_default="0"),
+    Column("last_realmauditlog_id", BigInteger, nullable=False, default=0, server_default="0"),
 )
 
 realms = Table(
@@ -63,14 +64,14 @@ realms = Table(
         "server_id", Integer, ForeignKey("zulip_servers.id", ondelete="CASCADE"), nullable=False
     ),
     Column("uuid", String(36), nullable=False, unique=True),
-    Column("host", String(255), nullable=False, default=""),
-    Column("name", Text, nullable=False, default=""),
+    Column("host", String(255), nullable=False, default="", server_default=""),
+    Column("name", Text, nullable=False, default="", server_default=""),
     Column("org_type", Integer, nullable=True),
-    Column("deactivated", Boolean, nullable=False, default=False),
+    Column("deactivated", Boolean, nullable=False, default=False, server_default=false()),
     Column("deactivated_at", DateTime(timezone=True), nullable=True),
-    Column("is_system_bot_realm", Boolean, nullable=False, default=False),
+    Column("is_system_bot_realm", Boolean, nullable=False, default=False, server_default=false()),
     Column("locally_deleted_at", DateTime(timezone=True), nullable=True),
-    Column("push_disabled", Boolean, nullable=False, default=False),
+    Column("push_disabled", Boolean, nullable=False, default=False, server_default=false()),
     Column("disabled_reason", String(255), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("last_request_at", DateTime(timezone=True), nullable=True),

@@ -18,7 +18,7 @@ from plugins.zulip import repo
 from plugins.zulip.crypto import load_bouncer_keys
 from plugins.zulip.plugin import pushgw_migrations
 from plugins.zulip.tables import e2ee_devices, realms, servers
-from tests.zulip.conftest import random_key
+from tests.zulip.conftest import Env, random_key
 
 
 @pytest.fixture
@@ -144,6 +144,48 @@ def test_add_server_disable_and_servers(config: Path, capsys: pytest.CaptureFixt
     assert main(["-c", str(config), "zulip", "disable", "--realm", str(uuid.uuid4())]) == 1
     assert main(["-c", str(config), "zulip", "servers"]) == 0
     assert "zulip.example.org" in capsys.readouterr().out
+
+
+async def test_deactivate_frees_an_impostors_hostname(
+    db_env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under `registration: open` anyone may claim a hostname; `disable` keeps the claim,
+    `deactivate` ends it as the server's own `server/deactivate` would."""
+    impostor = db_env.server("chat.example.org")
+    assert (await impostor.try_register())[1]["created"] is True
+    real = db_env.server("chat.example.org")
+    status, body = await real.try_register()
+    assert (status, body["code"]) == (400, "HOSTNAME_ALREADY_IN_USE_BOUNCER_ERROR")
+
+    config = tmp_path / "cli.yaml"  # the running gateway's own configuration and store
+    config.write_text(yaml.safe_dump(db_env.harness.config))
+
+    def cli(*args: str) -> int:  # the CLI runs its own event loop: off this one
+        return main(["-c", str(config), "zulip", *args])
+
+    assert await asyncio.to_thread(cli, "deactivate", "--server", impostor.uuid) == 0
+    assert capsys.readouterr().out == f"deactivated {impostor.uuid} (chat.example.org)\n"
+
+    assert await real.try_register() == (200, {"result": "success", "msg": "", "created": True})
+    status, body = await impostor.get("server/analytics/status")
+    assert (status, body["code"]) == (401, "UNAUTHORIZED")
+    assert body["msg"] == (
+        "The mobile push notification service registration for your server has been deactivated"
+    )
+    status, body = await impostor.try_register()
+    assert (status, body["code"]) == (401, "REALM_DEACTIVATED")
+
+    # Again: nothing changes (gc counts from the first date); an unknown UUID: one line.
+    when = select(servers.c.deactivated_at).where(servers.c.uuid == impostor.uuid)
+    async with db_env.engine.connect() as conn:
+        first = (await conn.execute(when)).scalar_one()
+    assert first is not None
+    assert await asyncio.to_thread(cli, "deactivate", "--server", impostor.uuid) == 0
+    async with db_env.engine.connect() as conn:
+        assert (await conn.execute(when)).scalar_one() == first
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli, "deactivate", "--server", str(uuid.uuid4())) == 1
+    assert capsys.readouterr().err == "pushgw zulip: no such server\n"
 
 
 def test_disable_reason_too_long(config: Path, capsys: pytest.CaptureFixture[str]) -> None:

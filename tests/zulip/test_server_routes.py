@@ -75,16 +75,7 @@ async def test_deactivate_then_every_call_fails(env: Env) -> None:
     assert body["msg"] == (
         "The mobile push notification service registration for your server has been deactivated"
     )
-    status, body = await server.form(
-        "server/register",
-        {
-            "zulip_org_id": server.uuid,
-            "zulip_org_key": server.key,
-            "hostname": server.hostname,
-            "contact_email": "admin@example.org",
-        },
-        auth=False,
-    )
+    status, body = await server.try_register()
     assert (status, body["code"]) == (401, "REALM_DEACTIVATED")
 
 
@@ -203,10 +194,15 @@ async def test_registration_closed(env: Env) -> None:
     )
 
 
-@pytest.mark.zulip_config(registration="allowlist", allowlist=["ok.example.org"])
+ALLOWED = "0b7d9d1a-8e0a-4a57-8b8f-5f3c7f0f1a11"
+
+
+@pytest.mark.zulip_config(registration="allowlist", allowlist=[ALLOWED])
 async def test_registration_allowlist(env: Env) -> None:
-    assert (await env.server("ok.example.org").register())["created"] is True
-    status, _ = await env.server("no.example.org").form(
+    allowed = env.server("ok.example.org")
+    allowed.uuid = ALLOWED
+    assert (await allowed.register())["created"] is True
+    status, body = await env.server("no.example.org").form(
         "server/register",
         {
             "zulip_org_id": str(uuid.uuid4()),
@@ -216,7 +212,10 @@ async def test_registration_allowlist(env: Env) -> None:
         },
         auth=False,
     )
-    assert status == 400
+    assert (status, body["msg"]) == (
+        400,
+        "Registration is not open on this push notification service",
+    )
 
 
 async def test_analytics(db_env: Env) -> None:
