@@ -27,9 +27,10 @@ then hangs up (or sends ``CLOSED``) at once cannot hold us at ``backoff_min``.
 
 Message handling: ``EVENT`` goes to the sink; ``EOSE`` marks the relay live; ``CLOSED`` resubscribes
 with backoff (``auth-required:`` first answers the relay's NIP-42 challenge); ``NOTICE`` is logged,
-truncated and escaped; ``AUTH`` challenges are answered at once with a kind-22242 event signed by
-the server key (inbox relays commonly restrict kind-1059 reads to the tagged key); ``OK`` answers
-to our AUTH are matched by event id. Nothing is ever sent in reply to an event.
+truncated and escaped, a few a minute at most; ``AUTH`` challenges are answered at once with a
+kind-22242 event signed by the server key (inbox relays commonly restrict kind-1059 reads to the
+tagged key); ``OK`` answers to our AUTH are matched by event id. Nothing is ever sent in reply
+to an event.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.frames import CloseCode
 
 from plugins.marmot.keys import ServerKey
+from plugins.marmot.limits import DualRateLimiter
 from plugins.marmot.nostr import KIND_GIFT_WRAP, NIP59_TIME_WINDOW, Event, load_json, sign_event
 
 __all__ = [
@@ -69,6 +71,9 @@ log = logging.getLogger("plugins.marmot.relay")
 
 KIND_AUTH = 22242
 _NOTICE_MAX = 200
+#: NOTICE lines logged per relay and minute (and ten times that per hour): the text
+#: is the relay's to choose, so a relay repeating it must not flood the gateway's log.
+NOTICES_PER_MINUTE = 5
 _AUTH_REQUIRED = "auth-required:"
 #: Least websocket message limit, whatever ``max_event_bytes`` is (nostr-sdk, which transponder
 #: uses, caps relay messages at 5.25 MB; strfry refuses events above 64 KiB by default).
@@ -221,6 +226,9 @@ class RelayClient:
         self._eose_timer: asyncio.TimerHandle | None = None
         self._live_at: float | None = None  # monotonic time the subscription went live
         self._skip_backfill = False  # the last connection died of a message over the ceiling
+        self.notice_limiter = DualRateLimiter(NOTICES_PER_MINUTE, 10 * NOTICES_PER_MINUTE)
+        self._notice_budget = [0, 0]
+        self._notices_not_logged = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -458,7 +466,7 @@ class RelayClient:
                 reason = msg[2] if len(msg) > 2 and isinstance(msg[2], str) else ""
                 self._on_closed(reason)
         elif kind == "NOTICE":
-            log.info("relay %s NOTICE: %s", self.label, safe_text(msg[1] if len(msg) > 1 else ""))
+            self._log_notice(msg[1] if len(msg) > 1 else "")
         elif kind == "AUTH":
             if len(msg) >= 2 and _usable_challenge(msg[1]):
                 # Each answer costs a signature: one per new challenge and one at a time, so an
@@ -478,6 +486,17 @@ class RelayClient:
                     log.warning("relay %s refused our AUTH: %s", self.label, safe_text(detail))
                 fut.set_result(accepted)
 
+    def _log_notice(self, text: object) -> None:
+        """Log a NOTICE unless this relay has used up its lines; the next line logged says how
+        many were left out meanwhile."""
+        limiter = self.notice_limiter
+        if not limiter.admit(self._notice_budget, limiter.clock()):
+            self._notices_not_logged += 1
+            return
+        left_out, self._notices_not_logged = self._notices_not_logged, 0
+        note = f" ({left_out} earlier NOTICEs not logged)" if left_out else ""
+        log.info("relay %s NOTICE: %s%s", self.label, safe_text(text), note)
+
     def _on_closed(self, reason: str) -> None:
         if self.state is RelayState.BACKOFF:
             # This subscription is already closed and its resubscription pending: a repeated
@@ -495,11 +514,13 @@ class RelayClient:
         self._spawn(self._resubscribe_later(self._backoff()))
 
     def _authenticate(self, *, resubscribe: bool) -> None:
-        self._spawn(self._auth_flow(resubscribe))
-
-    async def _auth_flow(self, resubscribe: bool) -> None:
+        # The challenge now: the task may start after more AUTH frames were read, and the
+        # answer is to the challenge that asked for it.
         assert self._challenge is not None
-        event = auth_event(self.key, self.url, self._challenge)
+        self._spawn(self._auth_flow(self._challenge, resubscribe))
+
+    async def _auth_flow(self, challenge: str, resubscribe: bool) -> None:
+        event = auth_event(self.key, self.url, challenge)
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         earlier = self._auth_pending.get(event.id)
         if earlier is not None:

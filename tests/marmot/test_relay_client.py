@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.testing.relay import free_port
 from plugins.marmot.keys import ServerKey
-from plugins.marmot.relay import RelayClient, RelaySettings, RelayState
+from plugins.marmot.relay import NOTICES_PER_MINUTE, RelayClient, RelaySettings, RelayState
 
 from .scripted_relay import ScriptedRelay
 
@@ -125,3 +125,27 @@ async def test_an_auth_flood_is_not_answered_frame_for_frame() -> None:
         assert ["challenge", "challenge-99"] in answer["tags"]
         await relay.send(["OK", answer["id"], True, ""])
         await relay.expect("REQ")
+
+
+async def test_a_notice_flood_is_not_logged_line_for_line(caplog: Any) -> None:
+    """NOTICE text is the relay's to choose and costs it ~20 bytes a frame: a relay repeating
+    it must not fill the gateway's log. A few a minute are logged; the next logged one says
+    how many were left out meanwhile."""
+    now = [1000.0]
+    caplog.set_level("INFO", logger="plugins.marmot.relay")
+    async with ScriptedRelay() as relay, running_client(relay) as client:
+        client.notice_limiter.clock = lambda: now[0]
+        first = await relay.expect("REQ")
+        for i in range(50):
+            await relay.send(["NOTICE", f"notice {i}"])
+        await relay.send(["CLOSED", first[1], "error: restarting"])
+        again = await relay.expect("REQ")  # frames are read in order: every NOTICE was handled
+        logged = [r.getMessage() for r in caplog.records if "NOTICE" in r.getMessage()]
+        assert len(logged) == NOTICES_PER_MINUTE
+        assert logged[0].endswith("notice 0")
+        now[0] += 60.0  # a minute later, the budget is back
+        await relay.send(["NOTICE", "later"])
+        await relay.send(["CLOSED", again[1], "error: restarting"])
+        await relay.expect("REQ")
+    logged = [r.getMessage() for r in caplog.records if "NOTICE" in r.getMessage()]
+    assert logged[-1].endswith(f"later ({50 - NOTICES_PER_MINUTE} earlier NOTICEs not logged)")
