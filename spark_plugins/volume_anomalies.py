@@ -4,16 +4,17 @@ Receipts are counted per UTC hour and group (option `by`, default `plugin`; any 
 `plugin`, `provider`, `app_id`, comma-separated, or empty for the whole gateway). A null
 group value (`provider` of a push for an unknown app) is a group of its own: null in
 Parquet, an empty field in CSV. Each group's series runs from its first hour to the
-newest hour in the data (an hour without receipts has volume 0: a silent hour is a
-drop, not a gap). For each hour, the baseline is the previous `baseline_hours` hours of
-that series (default 24; the hour itself is not included, nor hours before the group's
-first); an hour is judged only once `min_baseline_hours` (default 6) of history exist.
-Only the hours that can matter are materialised: each hour with receipts and the
-`baseline_hours` hours after it. An hour further than that from any receipt has volume
-0 and a baseline of zeros, so it is never an anomaly and adds nothing to a later
-baseline; leaving it out keeps the series as large as the data, not as long as its time
-span (one receipt from a node whose clock is decades off would otherwise add up to
-~876,000 hours, 2000 to 2099, per group).
+newest hour in the data, or to the last hour that ended by `now` when that is later (an
+hour without receipts has volume 0: a silent hour is a drop, not a gap; so a gateway
+that stopped writing receipts before `now` shows drops). For each hour, the baseline is
+the previous `baseline_hours` hours of that series (default 24; the hour itself is not
+included, nor hours before the group's first); an hour is judged only once
+`min_baseline_hours` (default 6) of history exist. Only the hours that can matter are
+materialised: each hour with receipts and the `baseline_hours` hours after it. An hour
+further than that from any receipt has volume 0 and a baseline of zeros, so it is never
+an anomaly and adds nothing to a later baseline; leaving it out keeps the series as
+large as the data, not as long as its time span (one receipt from a node whose clock is
+decades off would otherwise add up to ~876,000 hours, 2000 to 2099, per group).
 
 An hour is complete when it ended at or before `now` (option, unix seconds; default:
 the newest receipt's time, so the newest hour is incomplete). An incomplete hour is
@@ -36,7 +37,8 @@ baseline_volume, failures, failure_rate, baseline_failure_rate, ratio) and
 `volume.parquet/` + `volume.csv` (hour, group, volume, failures, failure_rate,
 baseline_hours, baseline_volume, baseline_failure_rate, complete): for each group, every
 hour with receipts and each of the `baseline_hours` hours after one, up to the newest
-hour in the data. Its rows are `group_hours` in the result.
+hour in the data or the last one that ended by `now`. Its rows are `group_hours` in the
+result.
 """
 
 from __future__ import annotations
@@ -130,15 +132,16 @@ def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     """Hourly series per group with the trailing baseline of each hour.
 
     The baseline of hour h is over the group's dense series: every hour from its first
-    hour to the newest hour in the data, an hour without receipts being volume 0. Only
-    the hours that can matter are listed: each hour with receipts and the
-    `baseline_hours` hours after it (up to the next hour with receipts and to the newest
-    hour in the data). An hour further than that from any receipt has volume 0 and a
-    baseline of zeros, so it is never an anomaly, and it adds nothing to a later hour's
-    baseline sums: those are summed over a range of hours, and divided by the number of
-    hours the dense series has there (`baseline_hours`, fewer near the group's first
-    hour). So a receipt years away from the rest (a wrong clock) adds at most
-    `baseline_hours` + 1 rows per group, not one per hour between.
+    hour to the newest hour in the data (or the last one that ended by `now`, when
+    later), an hour without receipts being volume 0. Only the hours that can matter are
+    listed: each hour with receipts and the `baseline_hours` hours after it (up to the
+    next hour with receipts and to the series' last hour). An hour further than that
+    from any receipt has volume 0 and a baseline of zeros, so it is never an anomaly,
+    and it adds nothing to a later hour's baseline sums: those are summed over a range
+    of hours, and divided by the number of hours the dense series has there
+    (`baseline_hours`, fewer near the group's first hour). So a receipt years away from
+    the rest (a wrong clock) adds at most `baseline_hours` + 1 rows per group, not one
+    per hour between.
 
     Null group values (a push for an unknown app has no provider) form a group of their
     own: window partitions keep nulls together.
@@ -156,7 +159,11 @@ def hourly_series(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     )
     now = options.get("now")
     end = F.lit(float(now)) if now is not None else F.max("newest")
-    bounds = counts.agg(F.max("h").alias("last"), end.alias("end"))
+    last = F.max("h")
+    if now is not None:  # the hours since the newest receipt that ended by `now` are silent
+        ended = int(float(now) // 3600 * 3600) - 3600
+        last = F.greatest(last, F.lit(ended).cast("long"))
+    bounds = counts.agg(last.alias("last"), end.alias("end"))
     group = Window.partitionBy(*by) if by else Window.partitionBy()
     in_order = group.orderBy("h")
     # each hour with receipts, then the empty hours before the group's next one: at most

@@ -192,7 +192,8 @@ def volume_series(
     baseline_hours: int = 24,
 ) -> dict[tuple[Any, ...], dict[str, Any]]:
     """(hour, *group) -> the `volume` table's numbers, for every hour of each group's
-    dense series: from the group's first hour to the newest hour in the data, a silent
+    dense series: from the group's first hour to the newest hour in the data (or the last
+    one that ended by `now`, when later), a silent
     hour being volume 0 (the series `volume_anomalies` above judges). The baseline of an
     hour is its previous `baseline_hours` hours of that series (fewer near its start)."""
     volume: dict[tuple[Any, ...], int] = defaultdict(int)
@@ -203,6 +204,8 @@ def volume_series(
         volume[key] += 1
         failures[key] += r["status"] != "ok"
     last = max(h for _, h in volume)
+    if now is not None:  # and the silent hours that ended by `now`
+        last = max(last, hour(now) - 3600)
     end = now if now is not None else max(r["ts"] for r in records)
     series = {}
     for group in {g for g, _ in volume}:

@@ -32,15 +32,20 @@ def _rows(path: str) -> list[dict[str, Any]]:
 
 
 def listed(
-    records: Iterable[dict[str, Any]], by: tuple[str, ...], baseline_hours: int
+    records: Iterable[dict[str, Any]],
+    by: tuple[str, ...],
+    baseline_hours: int,
+    now: float | None = None,
 ) -> set[tuple[Any, ...]]:
     """(hour, *group) of the rows the `volume` table lists, as documented: every hour of
     a group with receipts, and each of the `baseline_hours` hours after one, up to the
-    newest hour in the data."""
+    newest hour in the data or the last hour that ended by `now`, whichever is later."""
     seen: dict[tuple[Any, ...], set[int]] = defaultdict(set)
     for r in records:
         seen[tuple(r[c] for c in by)].add(reference.hour(r["ts"]))
     last = max(h for hours in seen.values() for h in hours)
+    if now is not None:
+        last = max(last, reference.hour(now) - H)
     return {
         (h + i * H, *group)
         for group, hours in seen.items()
@@ -194,7 +199,7 @@ def test_the_sparse_series_finds_what_the_dense_series_found(
         dense = reference.volume_series(records, by=by, now=options["now"], baseline_hours=n)
         got = {(r["hour"], *(r[c] for c in by)): r for r in hours}
         assert len(got) == len(hours)
-        assert set(got) == listed(records, by, n), given
+        assert set(got) == listed(records, by, n, options["now"]), given
         skipped += len(dense) - len(got)  # hours further than n from any receipt
         kept += sum(row["volume"] == 0 for row in hours)  # empty hours that matter
         for key, row in got.items():
@@ -220,3 +225,28 @@ def test_the_sparse_series_finds_what_the_dense_series_found(
             assert anomalous[key]["volume"] == want["volume"]
             assert anomalous[key]["baseline_volume"] == pytest.approx(want["baseline"], rel=1e-12)
     assert skipped and kept  # the gaps were both longer and shorter than the window
+
+
+def test_an_outage_up_to_now_is_a_drop(spark: Any, tmp_path: Path) -> None:
+    """The whole gateway stops writing receipts and the job runs three hours later with
+    `now`: the silent hours since the last receipt that ended by `now` are drops; the
+    hour `now` falls in is still filling (it could not be a drop) and is not listed."""
+    items: list[Receipt] = []
+    for i in range(12):
+        items += _traffic("matrix", i, 30)
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(items, receipts)
+    last = int(START) + 11 * H
+    now = last + 3 * H + 1800  # half an hour into the third hour after the last one
+    options = volume_anomalies.JOB.resolve_options({"now": now})
+    result = volume_anomalies.JOB.run(spark, str(receipts), str(tmp_path / "out"), options)
+
+    volume = {r["hour"]: r for r in _rows(result.outputs["volume.parquet"])}
+    assert max(volume) == last + 2 * H
+    assert [volume[last + i * H]["volume"] for i in (1, 2)] == [0, 0]
+    assert [volume[last + i * H]["complete"] for i in (1, 2)] == [True, True]
+    found = {(r["hour"], r["kind"]) for r in _rows(result.outputs["anomalies.parquet"])}
+    assert found == {(last + H, "volume_drop"), (last + 2 * H, "volume_drop")}
+    records = reference.load(receipts)
+    assert {(h, kind) for h, _, kind in reference.volume_anomalies(records, now=now)} == found
+    assert set(volume) == {h for h, _ in listed(records, ("plugin",), 24, now=now)}
