@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import os
+import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from pydantic import BaseModel
 
 from gateway.config import (
@@ -32,6 +34,7 @@ from gateway.config import (
     FcmAppConfig,
     Problem,
     Settings,
+    bad_hook_result,
     config_error,
     config_path,
     load_settings,
@@ -45,7 +48,7 @@ from gateway.core.push import InvalidToken, Push, Receipt
 from gateway.core.receipts import ReceiptWriter
 from gateway.core.store import Store
 from gateway.core.tokens import TokenInvalidation
-from gateway.logs import request_id
+from gateway.logs import request_id, route_pattern
 from gateway.loops import tune_gc
 from gateway.plugins import PluginRegistry
 
@@ -93,8 +96,7 @@ class LoadedGateway:
         return {n: c.config for n, c in self.contexts.items() if isinstance(c.config, BaseModel)}
 
     def migration_dirs(self) -> list[str]:
-        dirs = [self.registry.call(n, "pushgw_migrations") for n in self.registry.names]
-        return [str(d) for d in dirs if d]
+        return self.registry.migration_dirs()
 
     def known_migration_dirs(self) -> list[str]:
         """Every installed plugin's migration directory, to locate the revisions of
@@ -175,12 +177,8 @@ def _plugin_apps(registry: PluginRegistry, name: str, context: PluginContext) ->
         isinstance(app_id, str) and isinstance(app, (ApnsAppConfig, FcmAppConfig))
         for app_id, app in found.items()
     ):
-        raise ConfigError(
-            [
-                f"plugin '{name}': its pushgw_apps hook returned {type(found).__name__}, "
-                "not a mapping of app ids to ApnsAppConfig or FcmAppConfig"
-            ]
-        )
+        expected = "a mapping of app ids to ApnsAppConfig or FcmAppConfig"
+        raise bad_hook_result(name, "pushgw_apps", found, expected)
     return found
 
 
@@ -222,16 +220,54 @@ def create_app(gateway: LoadedGateway) -> web.Application:
     app.router.add_get("/readyz", _readyz)
     if settings.server.metrics_port is None:
         app.router.add_get("/metrics", _metrics)
-    for name in gateway.registry.names:
-        gateway.registry.call(
-            name, "pushgw_routes", context=gateway.contexts[name], router=app.router
-        )
+    _add_plugin_routes(gateway, app.router)
     app.cleanup_ctx.append(_delivery_ctx)
     app.cleanup_ctx.append(_services_ctx)
     if settings.server.metrics_port is not None:
         app.cleanup_ctx.append(_metrics_server_ctx)
     app.on_startup.append(_freeze_startup_objects)  # runs after the contexts above
     return app
+
+
+def _add_plugin_routes(gateway: LoadedGateway, router: web.UrlDispatcher) -> None:
+    """Each plugin's routes, added to a router of its own, then checked and moved into
+    `router`. Added there directly, a route with the method and path of another owner's
+    (the core's, another plugin's) would never run, or would fail in aiohttp naming
+    neither the plugin nor the path (when right after that route)."""
+    taken = dict.fromkeys(_route_keys(router), "the core")
+    for name in gateway.registry.names:
+        own = web.UrlDispatcher()
+        result = gateway.registry.call(
+            name, "pushgw_routes", context=gateway.contexts[name], router=own
+        )
+        if inspect.isawaitable(result):  # an `async def` hook: its routes would be missing
+            raise bad_hook_result(name, "pushgw_routes", result, "None (it may not be async)")
+        keys = _route_keys(own)
+        for method, path in keys:
+            if other := _route_owner(taken, method, path):
+                raise ConfigError(
+                    [f"plugin '{name}': its route {method} {path} is already a route of {other}"]
+                )
+        taken.update(dict.fromkeys(keys, f"plugin '{name}'"))
+        for resource in own.resources():
+            router.register_resource(resource)
+        own.freeze()  # routes added later are refused, as by the application's router
+
+
+def _route_keys(router: web.UrlDispatcher) -> list[tuple[str, str]]:
+    """Method and path of each route (the path as metrics label it: `/x/{id}`); HEAD
+    last, as `add_get` adds it before the GET that a collision is better named by."""
+    keys = [(r.method, r.resource.canonical) for r in router.routes() if r.resource is not None]
+    return sorted(keys, key=lambda key: key[0] == hdrs.METH_HEAD)
+
+
+def _route_owner(taken: Mapping[tuple[str, str], str], method: str, path: str) -> str | None:
+    """Whose route already answers `method` on `path` (one for any method, "*", answers
+    every method; one for a method, that method of "*")."""
+    for (other, other_path), owner in taken.items():
+        if other_path == path and (other == method or hdrs.METH_ANY in (other, method)):
+            return owner
+    return None
 
 
 async def _freeze_startup_objects(app: web.Application) -> None:
@@ -340,9 +376,7 @@ async def _services_ctx(app: web.Application) -> AsyncIterator[None]:
     first = first_worker()
     try:
         for name in gateway.registry.names:
-            for service in (
-                gateway.registry.call(name, "pushgw_services", context=gateway.contexts[name]) or ()
-            ):
+            for service in _plugin_services(gateway, name):
                 if getattr(service, "one_per_gateway", False) and not first:
                     continue  # another worker runs it: every event is handled exactly once
                 await service.start()
@@ -357,6 +391,18 @@ async def _services_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     await _stop_services(started)
     gateway.services = []
+
+
+def _plugin_services(gateway: LoadedGateway, name: str) -> list[Service]:
+    """A plugin's `pushgw_services`, checked: a plugin bug is one error naming it, not
+    a TypeError (`'coroutine' object is not iterable`) naming neither plugin nor hook."""
+    found = gateway.registry.call(name, "pushgw_services", context=gateway.contexts[name])
+    if found is None:
+        return []
+    services = list(found) if isinstance(found, Iterable) else None
+    if services is None or not all(isinstance(s, Service) for s in services):
+        raise bad_hook_result(name, "pushgw_services", found, "an iterable of Service (or None)")
+    return services
 
 
 async def _stop_services(started: list[Service]) -> None:
@@ -430,32 +476,38 @@ def _request_middleware(metrics: Metrics) -> Any:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        rid = request.headers.get("X-Request-Id") or f"{prefix}{next(sequence) & 0xFFFF_FFFF:08x}"
-        token = request_id.set(rid[:64])
+        rid = _client_request_id(request) or f"{prefix}{next(sequence) & 0xFFFF_FFFF:08x}"
+        token = request_id.set(rid)
         status = 500
         try:
             response = await handler(request)
             status = response.status
-            response.headers["X-Request-Id"] = rid[:64]
+            response.headers["X-Request-Id"] = rid
             return response
         except web.HTTPException as exc:
             status = exc.status
             raise
         except Exception:
             # A bug of ours: never a traceback to the client, always one in the log.
-            log.exception("unhandled error in %s %s", request.method, _route_of(request))
-            return web.json_response(
-                {"error": "internal error", "request_id": rid[:64]}, status=500
-            )
+            log.exception("unhandled error in %s %s", request.method, route_pattern(request))
+            return web.json_response({"error": "internal error", "request_id": rid}, status=500)
         finally:
             method = request.method if request.method in _LABELLED_METHODS else "other"
-            http_requests(_route_of(request), method, str(status)).inc()
+            http_requests(route_pattern(request), method, str(status)).inc()
             request_id.reset(token)
 
     return middleware
 
 
-def _route_of(request: web.Request) -> str:
-    route = request.match_info.route
-    resource = route.resource if route is not None else None
-    return resource.canonical if resource is not None else "unmatched"
+# What a client's X-Request-Id may hold to be used: it goes into every log line of the
+# request and back into the response, so no spaces, brackets or control characters (a
+# forged log prefix) and nothing that is not ASCII (the pure-Python HTTP parser hands
+# undecodable bytes over as surrogates, which cannot be written back).
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,64}")
+
+
+def _client_request_id(request: web.Request) -> str | None:
+    """The client's X-Request-Id when it is a plain token (`_REQUEST_ID`), else None:
+    the gateway then numbers the request itself."""
+    given = request.headers.get("X-Request-Id", "")
+    return given if _REQUEST_ID.fullmatch(given) else None

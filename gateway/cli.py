@@ -36,6 +36,9 @@ log = logging.getLogger("pushgw")
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
+_PLUGIN_DEST = "_pushgw_plugin"
+"""The namespace attribute naming the plugin whose command was run (unset for the core's)."""
+
 
 class UsageError(Exception):
     """A user mistake outside the config file (bad argument, unreadable input file)."""
@@ -541,6 +544,7 @@ def _plugin_commands(subparsers: Any) -> None:
     # Each plugin on its own: every installed plugin is asked, enabled or not, and one
     # whose hook raises must not take every `pushgw` command (serve included) with it.
     for name in registry.implementers("pushgw_commands"):
+        before = set(subparsers.choices)
         try:
             registry.call(name, "pushgw_commands", subparsers=subparsers)
         except Exception as exc:
@@ -549,6 +553,9 @@ def _plugin_commands(subparsers: Any) -> None:
                 f"{kind_and_place(exc)}; its commands are unavailable",
                 file=sys.stderr,
             )
+        # So that a failure of one of its commands names the plugin (`_run_command`).
+        for command in set(subparsers.choices) - before:
+            subparsers.choices[command].set_defaults(**{_PLUGIN_DEST: name})
 
 
 def _command_logging() -> None:
@@ -667,6 +674,25 @@ def _run_command(argv: Sequence[str] | None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    except (BrokenPipeError, OutputError):
+        raise  # stdout's failures, handled by `main`
+    except Exception as exc:
+        plugin = getattr(args, _PLUGIN_DEST, None)
+        if plugin is None:
+            raise  # a bug of ours: its traceback
+        return _plugin_command_failed(plugin, args.command, exc)
+
+
+def _plugin_command_failed(plugin: str, command: str, exc: Exception) -> int:
+    """A plugin command's exception, in one line as every other plugin hook's failure:
+    its kind and place, never its message or frames (they may quote a token)."""
+    from gateway.core.errors import kind_and_place
+
+    print(
+        f"pushgw: error: plugin '{plugin}': its command '{command}' raised {kind_and_place(exc)}",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -63,9 +63,13 @@ def pushgw_apps(context: PluginContext) -> Mapping[str, ApnsAppConfig | FcmAppCo
 def pushgw_tables() -> MetaData | None:
     """Per plugin: the SQLAlchemy `MetaData` of the tables this plugin owns.
 
-    Table names must start with the plugin's name (`<name>_...`). The metadata is used
-    by migrations' autogenerate; the tables themselves are created by the plugin's
-    Alembic migrations (see `pushgw_migrations`).
+    Table names must start with the plugin's name (`<name>_...`). The gateway never
+    creates tables from it: the plugin's Alembic migrations do (see `pushgw_migrations`).
+    It is the declaration those migrations are checked against:
+    `gateway.testing.schema_drift()` migrates a fresh database and compares it with this
+    metadata through Alembic's autogenerate comparison (tables, columns, types,
+    nullability, server defaults, indexes, unique constraints, foreign keys), and checks
+    the naming rule. Return it (with the migrations) or neither.
     """
 
 
@@ -87,7 +91,9 @@ def pushgw_routes(context: PluginContext, router: web.UrlDispatcher) -> None:
 
     Use `router.add_post(...)` etc. Handlers reach the gateway through `context`
     (bind it with `functools.partial` or a class); routes must not collide with
-    another plugin's or the core's (`/healthz`, `/readyz`, `/metrics`).
+    another plugin's or the core's (`/healthz`, `/readyz`, `/metrics`): one with the
+    method and path of another's fails start-up, naming both. `router` is the plugin's
+    own: its routes join the application's when the hook returns. May not be async.
     """
 
 

@@ -185,6 +185,12 @@ class PluginRegistry:
                 out.append(result)
         return out
 
+    def migration_dirs(self) -> list[str]:
+        """The enabled plugins' migration directories (`pushgw_migrations`), in plugin
+        order: the branches `Store.upgrade` applies."""
+        dirs = [self.call(name, "pushgw_migrations") for name in self.names]
+        return [str(d) for d in dirs if d]
+
     def implementers(self, hook: str) -> list[str]:
         """Names of the plugins implementing `hook`, in registration order."""
         implementing = {impl.plugin_name for impl in getattr(self.pm.hook, hook).get_hookimpls()}

@@ -16,6 +16,8 @@ and are told by an argument, not by the environment, that the parent has migrate
 With several workers the gateway runs with all of them or not at all: a worker that
 exits before SIGTERM or SIGINT came to the parent (it could not listen, a plugin
 service failed to start, it crashed) stops the others, and `serve` exits non-zero.
+After SIGTERM or SIGINT, a worker that has not stopped within the grace period (a
+plugin's `stop()` that never returns) is killed, and `serve` exits non-zero too.
 """
 
 from __future__ import annotations
@@ -33,20 +35,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.context import WORKER_ENV
 from gateway.core.metrics import MULTIPROC_ENV
+from gateway.preflight import PreflightError, check_state_dir, os_reason, resolve
 
 if TYPE_CHECKING:
     from gateway.app import LoadedGateway
 
 SIMULATOR_READY_FILE = "ready.json"
 BACKLOG = 128  # aiohttp's default
-EXIT_WORKER_FAILED = 1  # a worker exited 0 or was killed while the gateway was running
+EXIT_WORKER_FAILED = 1  # a worker exited 0 or was killed while the gateway ran, or hung
 STOP_GRACE = 10.0  # seconds beyond a worker's own shutdown deadlines before SIGKILL
 
 
@@ -114,7 +117,8 @@ def _serve(
         try:
             held = _hold_metrics_port(loaded)
             socks = listen(host, port, reuse_port=False)
-            _check_database(loaded)
+            _prepare_database(loaded)
+            _without_auto_upgrade(loaded)  # done above, where its failure is one line
             _run_loaded(loaded, socks, held)
         finally:
             for sock in [*socks, *held]:
@@ -122,10 +126,7 @@ def _serve(
         return 0
     for sock in listen(host, port, reuse_port=False):
         sock.close()  # checked once here; each worker binds its own (SO_REUSEPORT)
-    if loaded.settings.store.auto_upgrade:
-        _upgrade(loaded)
-    else:
-        _check_database(loaded)
+    _prepare_database(loaded)
     metrics_dir = tempfile.mkdtemp(prefix="pushgw-metrics-")
     os.environ[MULTIPROC_ENV] = metrics_dir
     ctx = multiprocessing.get_context("spawn")
@@ -154,33 +155,74 @@ def _serve(
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
-        for proc in procs:
-            if stop_signal is not None:
-                break
-            proc.start()
-            if stop_signal is not None and proc.pid and proc.pid not in signalled:
-                os.kill(proc.pid, stop_signal)  # the signal came during start()
-        started = [proc for proc in procs if proc.pid]
-        grace = 2 * server.shutdown_timeout + STOP_GRACE
-        return _supervise(started, lambda: stop_signal is not None, grace)
+        with _signal_wakeup() as wakeup:
+            for proc in procs:
+                if stop_signal is not None:
+                    break
+                proc.start()
+                if stop_signal is not None and proc.pid and proc.pid not in signalled:
+                    os.kill(proc.pid, stop_signal)  # the signal came during start()
+            started = [proc for proc in procs if proc.pid]
+            grace = 2 * server.shutdown_timeout + STOP_GRACE
+            return _supervise(started, lambda: stop_signal is not None, grace, wakeup)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _supervise(procs: Sequence[BaseProcess], stopping: Callable[[], bool], grace: float) -> int:
+@contextlib.contextmanager
+def _signal_wakeup() -> Iterator[int]:
+    """A file descriptor that becomes readable when a signal with a handler comes.
+
+    The supervisor blocks in `wait()` on the workers' sentinels, and Python retries that
+    wait after running a signal handler (PEP 475): without a descriptor in the list that
+    the signal itself makes readable, it would not see SIGTERM until a worker exits, and
+    could not bound the shutdown. `signal.set_wakeup_fd` writes from the C-level handler,
+    so a signal that comes just before the wait starts wakes it too.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)  # drained without blocking (`_drain`)
+    os.set_blocking(write_fd, False)  # as set_wakeup_fd requires: a full pipe never blocks
+    previous = signal.set_wakeup_fd(write_fd)
+    try:
+        yield read_fd
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def _drain(fd: int) -> None:
+    """Read what the signals wrote, so that `wait()` blocks again."""
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 512):
+            pass
+
+
+def _supervise(
+    procs: Sequence[BaseProcess],
+    stopping: Callable[[], bool],
+    grace: float,
+    wakeup: int | None = None,
+) -> int:
     """Wait for the workers to exit; the exit status of `pushgw serve`.
 
     A worker that exits while the gateway is not `stopping` (no SIGTERM or SIGINT came)
     ends the gateway: it is named in one line, the others are stopped (`_stop`), and the
-    status is that worker's (1 when it exited 0 or was killed by a signal). Otherwise
-    the status is 0 when every worker stopped cleanly.
+    status is that worker's (1 when it exited 0 or was killed by a signal). Once it is
+    `stopping` (seen at once when the stop signal makes `wakeup` readable), the workers
+    have `grace` seconds to exit; those still running then are named in one line and
+    killed (status 1). Otherwise the status is 0 when every worker stopped cleanly.
     """
     from multiprocessing.connection import wait
 
     running: dict[Any, BaseProcess] = {proc.sentinel: proc for proc in procs}
-    while running:
-        for sentinel in wait(list(running)):  # the processes' sentinels: no polling
-            proc = running.pop(sentinel)
+    woken = [] if wakeup is None else [wakeup]
+    while running and not stopping():
+        for ready in wait([*running, *woken]):  # the processes' sentinels: no polling
+            if ready == wakeup:
+                _drain(wakeup)
+                continue  # `stopping()`, checked again above, says whether it was a stop
+            proc = running.pop(ready)
             proc.join()
             if stopping():
                 continue
@@ -197,6 +239,18 @@ def _supervise(procs: Sequence[BaseProcess], stopping: Callable[[], bool], grace
             )
             _stop(list(running.values()), grace)
             return code if code > 0 else EXIT_WORKER_FAILED
+    # The stop signal was forwarded to the workers: each should end within its own
+    # shutdown deadlines, but a hung shutdown (a plugin's stop()) must not keep the
+    # gateway running for ever; those are killed, and count as killed by SIGKILL (1).
+    if late := _reap_until(running.values(), time.monotonic() + grace):
+        names = ", ".join(f"worker {procs.index(proc)} (pid {proc.pid})" for proc in late)
+        print(
+            f"pushgw: error: {names} did not stop within {grace:g} seconds "
+            f"of the stop signal: killed {'it' if len(late) == 1 else 'them'} (SIGKILL)",
+            file=sys.stderr,
+            flush=True,
+        )
+        _kill(late)
     return max((_stopped_status(proc.exitcode) for proc in procs), default=0)
 
 
@@ -218,16 +272,29 @@ def _stopped_status(exitcode: int | None) -> int:
 
 def _stop(procs: Sequence[BaseProcess], grace: float) -> None:
     """SIGTERM the workers, give them `grace` seconds to shut down, then SIGKILL the rest."""
-    from multiprocessing.connection import wait
-
     for proc in procs:
         proc.terminate()  # SIGTERM; nothing for a worker that has exited already
-    deadline = time.monotonic() + grace
+    _kill(_reap_until(procs, time.monotonic() + grace))
+
+
+def _reap_until(procs: Iterable[BaseProcess], deadline: float) -> list[BaseProcess]:
+    """Join the workers that exit before `deadline` (time.monotonic); the others."""
+    from multiprocessing.connection import wait
+
     running: dict[Any, BaseProcess] = {proc.sentinel: proc for proc in procs}
-    while running and (left := deadline - time.monotonic()) > 0:
-        for sentinel in wait(list(running), timeout=left):
+    while running:
+        # A timeout of 0 once the deadline has passed still reaps those that have exited.
+        exited = wait(list(running), timeout=max(deadline - time.monotonic(), 0))
+        if not exited:
+            break
+        for sentinel in exited:
             running.pop(sentinel).join()
-    for proc in running.values():
+    return list(running.values())
+
+
+def _kill(procs: Iterable[BaseProcess]) -> None:
+    """SIGKILL the workers and reap them: none is left behind, not even as a zombie."""
+    for proc in procs:
         proc.kill()
         proc.join()
 
@@ -258,12 +325,9 @@ def _bind(
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     shown = f"{shown} ({what})" if what else shown
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except OSError as exc:
-        raise ServeError(f"cannot listen on {shown}: {_reason(exc)}") from None
-    except ValueError as exc:  # UnicodeError: the IDNA codec refused a label of `host`
-        cause = exc.__cause__ if isinstance(exc.__cause__, ValueError) else exc
-        raise ServeError(f"cannot listen on {shown}: not a valid host name ({cause})") from None
+        infos = resolve(host, port)
+    except PreflightError as exc:
+        raise ServeError(f"cannot listen on {shown}: {exc}") from None
     socks: list[socket.socket] = []
     try:
         seen = set()
@@ -285,15 +349,9 @@ def _bind(
     except (OSError, ValueError) as exc:
         for sock in socks:
             sock.close()
-        reason = _reason(exc) if isinstance(exc, OSError) else str(exc)
+        reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
         raise ServeError(f"cannot listen on {shown}: {reason}") from None
     return socks
-
-
-def _reason(exc: OSError) -> str:
-    """`Address already in use` as the end of one line: `address already in use`."""
-    reason = exc.strerror or str(exc)
-    return f"{reason[:1].lower()}{reason[1:]}"
 
 
 def _hold_metrics_port(loaded: LoadedGateway) -> list[socket.socket]:
@@ -315,6 +373,15 @@ def _hold_metrics_port(loaded: LoadedGateway) -> list[socket.socket]:
         for sock in listen(server.host, server.metrics_port, reuse_port=True, what="/metrics"):
             sock.close()
         return []
+
+
+def _prepare_database(loaded: LoadedGateway) -> None:
+    """Migrate (`store.auto_upgrade`) or check the database before the gateway starts: a
+    failure is then one line (DatabaseError), not a traceback out of start-up."""
+    if loaded.settings.store.auto_upgrade:
+        _upgrade(loaded)
+    else:
+        _check_database(loaded)
 
 
 def _check_database(loaded: LoadedGateway) -> None:
@@ -462,6 +529,7 @@ def _run_loaded(
         sock=socks,
         shutdown_timeout=settings.server.shutdown_timeout,
         access_log=logging.getLogger("aiohttp.access") if settings.logging.access_log else None,
+        access_log_class=logs.RouteAccessLogger,  # never the path or query: they may hold tokens
         print=lambda msg: print(f"{where}: {msg}", file=sys.stderr, flush=True),
     )
 
@@ -477,8 +545,11 @@ def _start_simulators(state_dir: Path) -> subprocess.Popen[bytes]:
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():  # a file written by another process: polling is the only signal
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("pushgw: error: the simulators did not start")
+            if proc.poll() is not None:
+                # It said why on stderr (a port in use, status 2): a mistake to fix first.
+                raise ServeError(f"the simulators did not start (status {proc.returncode})")
+            if time.monotonic() > deadline:
+                raise SystemExit("pushgw: error: the simulators did not start within 30 s")
             time.sleep(0.05)
     except BaseException:  # SIGINT or SIGTERM while they start, too: not left running
         _stop_simulators(proc)
@@ -500,17 +571,7 @@ def _stop_simulators(proc: subprocess.Popen[bytes]) -> None:
 def _check_state_dir(state_dir: Path) -> None:
     """`--with-simulators DIR`: a directory (made when missing) that files can be written
     into, else ServeError naming it."""
-    shown = f"--with-simulators {state_dir}"
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # something that is not a directory
-        raise ServeError(f"{shown}: not a directory") from None
-    except OSError as exc:
-        raise ServeError(f"{shown}: cannot create it: {_reason(exc)}") from None
-    if not state_dir.is_dir():
-        raise ServeError(f"{shown}: not a directory")
-    try:
-        with tempfile.TemporaryFile(dir=state_dir):
-            pass
-    except OSError as exc:
-        raise ServeError(f"{shown}: cannot write into it: {_reason(exc)}") from None
+        check_state_dir(state_dir)
+    except PreflightError as exc:
+        raise ServeError(f"--with-simulators {state_dir}: {exc}") from None

@@ -9,6 +9,7 @@ checked against those records by `test_zz_privacy.py`, which runs last.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -119,6 +120,15 @@ def offline_apns_app(directory: Path) -> dict[str, Any]:
         "team_id": key.team_id,
         "topic": "com.example.app",
     }
+
+
+def process_gone(pid: int) -> bool:
+    """Exited and reaped: a zombie still takes signal 0."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def install_plugin_dist(site: Path, name: str) -> None:

@@ -43,6 +43,23 @@ async def test_request_id_is_echoed(tmp_path: Path) -> None:
         assert response.headers["X-Request-Id"] == "abc123"
 
 
+@pytest.mark.parametrize(
+    "given",
+    ["abc] ERROR forged log line", "a\tb", "x" * 65, "caf\u00e9", ""],
+    ids=["spaces-and-brackets", "control-character", "too-long", "not-ascii", "empty"],
+)
+async def test_a_request_id_that_is_no_plain_token_is_replaced(tmp_path: Path, given: str) -> None:
+    """The client's id goes into every log line of the request and back into the
+    response: one that could forge a log prefix, or could not be written back, is
+    replaced by the gateway's own."""
+    async with GatewayHarness(base_config(tmp_path, {})) as gw:
+        headers = {"X-Request-Id": given.encode("utf-8").decode("latin-1")}
+        response = await gw.client.get("/healthz", headers=headers)
+    assert response.status == 200
+    rid = response.headers["X-Request-Id"]
+    assert rid != given and len(rid) == 16 and int(rid, 16) >= 0
+
+
 async def test_generated_request_ids_are_distinct(tmp_path: Path) -> None:
     async with GatewayHarness(base_config(tmp_path, {})) as gw:
         ids = [(await gw.client.get("/healthz")).headers["X-Request-Id"] for _ in range(5)]

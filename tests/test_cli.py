@@ -159,6 +159,31 @@ def test_a_plugin_whose_commands_hook_raises_leaves_the_other_commands(
     assert "zulip" in run("--help", env=env).stdout  # the other plugins' commands stay
 
 
+@pytest.mark.parametrize("define", ["def", "async def"])
+def test_a_plugin_sub_command_that_raises_is_one_line_naming_the_plugin(
+    tmp_path: Path, define: str
+) -> None:
+    """Named by the plugin and its command, the exception by its kind and place only."""
+    site = tmp_path / "site"
+    install_plugin_dist(site, "raiser")
+    (site / "pushgw_raiser.py").write_text(
+        "from gateway.api import hookimpl\n\n"
+        f"{define} purge(args, command_context):\n"
+        "    raise KeyError('tok-abcdef0123456789')\n\n"
+        "@hookimpl\n"
+        "def pushgw_commands(subparsers):\n"
+        "    sub = subparsers.add_parser('raiser').add_subparsers(required=True)\n"
+        "    sub.add_parser('purge').set_defaults(handler=purge)\n"
+    )
+    env = {"PYTHONPATH": os.pathsep.join([str(site), os.getcwd()])}
+    result = run("raiser", "purge", env=env)
+    assert result.returncode == 1
+    assert result.stderr == (
+        "pushgw: error: plugin 'raiser': its command 'raiser' raised "
+        f"KeyError at {site / 'pushgw_raiser.py'}:4\n"
+    )
+
+
 def test_tokens_retire_reaches_the_plugin_hook(tmp_path: Path) -> None:
     # the sample plugin as an installed distribution, in the subprocess too
     site = tmp_path / "site" / "pushgw_sample-1.0.dist-info"

@@ -21,7 +21,7 @@ import yaml
 
 from gateway import serve
 from gateway.context import WORKER_ENV
-from tests.conftest import install_plugin_dist
+from tests.conftest import install_plugin_dist, process_gone
 
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
@@ -205,14 +205,6 @@ def pushgw_services(context):
 """
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def test_a_worker_failing_at_start_up_stops_the_gateway(tmp_path: Path) -> None:
     site = tmp_path / "site"
     install_plugin_dist(site, "handshake")
@@ -242,7 +234,7 @@ def test_a_worker_failing_at_start_up_stops_the_gateway(tmp_path: Path) -> None:
     try:
         _, stderr = proc.communicate(timeout=60)  # without the fix: worker 0 serves on
         pids = {n: int((tmp_path / f"worker-{n}.pid").read_text()) for n in (0, 1)}
-        left = [pid for pid in pids.values() if not _gone(pid)]  # before the clean-up below
+        left = [pid for pid in pids.values() if not process_gone(pid)]  # before the clean-up below
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -309,7 +301,8 @@ def test_workers_ending_after_a_stop_signal_give_their_status(code: int, status:
     for proc in procs:
         proc.start()
     try:
-        assert serve._supervise(procs, lambda: True, grace=0.5) == status
+        # grace bounds the wait from the start (stopping): longer than a spawn takes
+        assert serve._supervise(procs, lambda: True, grace=60) == status
     finally:
         for proc in procs:
             proc.join()
@@ -383,7 +376,7 @@ def test_the_metrics_port_is_held_during_start_up(
             else:
                 taken.append(True)
 
-    monkeypatch.setattr(serve, "_check_database", another_process_binds)
+    monkeypatch.setattr(serve, "_prepare_database", another_process_binds)
     monkeypatch.setattr(serve, "_run_loaded", lambda *args, **kwargs: None)
     assert serve.serve(config=str(path), data=None, host=None, port=0, workers=1) == 0
     assert taken == [False]

@@ -18,6 +18,7 @@ from pydantic import SecretStr
 
 from gateway.app import load_gateway
 from gateway.config import (
+    MASK,
     ApnsAppConfig,
     ConfigError,
     ConfigModel,
@@ -339,6 +340,22 @@ def test_masked_plugin_sections_mask_urls_too() -> None:
     settings = load_settings(data={})
     shown = masked(settings, {"x": Section(relay="wss://user:RelayPW@relay.example")})
     assert shown["plugins"]["x"]["relay"] == "wss://user:***@relay.example"
+
+
+def test_masked_hides_every_value_read_from_a_file_whatever_its_name(tmp_path: Path) -> None:
+    class Section(ConfigModel):
+        bearer: str  # not a secret's name: a secret because it was read from a file
+        label: str
+
+    bearer, url = tmp_path / "bearer", tmp_path / "url"
+    bearer.write_text("Bearer-S3cret\n")
+    url.write_text("sqlite+aiosqlite:///var/S3cretPath.db\n")
+    settings = load_settings(data={"store": {"url_file": str(url)}})
+    section = Section.model_validate({"bearer_file": str(bearer), "label": "shown"})
+    shown = masked(settings, {"x": section})
+    assert shown["plugins"]["x"] == {"bearer": MASK, "label": "shown"}
+    assert shown["store"]["url"] == MASK
+    assert section.model_dump()["bearer"] == "Bearer-S3cret"  # only check-config masks
 
 
 # --- provider credentials load at validation (check-config = start) ---------------------------

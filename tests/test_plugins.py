@@ -6,14 +6,17 @@ import gc
 import inspect
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from sqlalchemy import select, text
 
 from gateway import hookspecs
 from gateway.api import hookimpl
+from gateway.config import ConfigError
 from gateway.context import WORKER_ENV
 from gateway.core.push import Outcome, Push, Receipt
 from gateway.core.store import invalid_tokens
@@ -239,3 +242,101 @@ async def test_a_failing_observer_does_not_hide_results_from_the_others(
     assert not [w for w in caught if "never awaited" in str(w.message)]
     assert "plugin broken: its pushgw_push_result hook raised RuntimeError" in caplog.text
     assert "t" * 64 not in caplog.text
+
+
+class _Routes:
+    """Adds `method path` routes answering `text`."""
+
+    def __init__(self, text: str, *routes: tuple[str, str]) -> None:
+        self.text, self.routes = text, routes
+
+    @hookimpl
+    def pushgw_routes(self, context: object, router: web.UrlDispatcher) -> None:
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(text=self.text)
+
+        for method, path in self.routes:
+            router.add_route(method, path, handler)
+
+
+async def test_plugins_may_share_a_path_with_other_methods(tmp_path: Path) -> None:
+    plugins = {
+        "p": _Routes("p", ("POST", "/shared"), ("GET", "/p")),
+        "q": _Routes("q", ("GET", "/shared"), ("PUT", "/healthz")),
+    }
+    config = base_config(tmp_path, {name: {} for name in plugins})
+    async with GatewayHarness(config, extra_plugins=plugins) as gw:
+        assert await (await gw.client.post("/shared")).text() == "p"
+        assert await (await gw.client.get("/shared")).text() == "q"
+        assert await (await gw.client.put("/healthz")).text() == "q"
+        assert (await gw.client.get("/healthz")).status == 200  # still the core's
+
+
+@pytest.mark.parametrize(
+    ("routes", "message"),
+    [
+        ([("*", "/metrics")], "plugin 'q': its route * /metrics is already a route of the core"),
+        (
+            [("GET", "/p/{id}")],
+            "plugin 'q': its route GET /p/{id} is already a route of plugin 'p'",
+        ),
+        ([("*", "/p/{id}")], "plugin 'q': its route * /p/{id} is already a route of plugin 'p'"),
+    ],
+)
+async def test_a_route_answering_a_method_of_another_owners_is_an_error(
+    tmp_path: Path, routes: list[tuple[str, str]], message: str
+) -> None:
+    plugins = {"p": _Routes("p", ("GET", "/p/{id}")), "q": _Routes("q", *routes)}
+    config = base_config(tmp_path, {name: {} for name in plugins})
+    with pytest.raises(ConfigError) as failed:
+        async with GatewayHarness(config, extra_plugins=plugins):
+            pass
+    assert str(failed.value) == message
+
+
+class _AsyncHooks:
+    """`async def` implementations of hooks that may not be async."""
+
+    @hookimpl
+    async def pushgw_config_model(self) -> None:
+        pass
+
+    @hookimpl
+    async def pushgw_apps(self, context: object) -> None:
+        pass
+
+    @hookimpl
+    async def pushgw_routes(self, context: object, router: web.UrlDispatcher) -> None:
+        pass
+
+
+@pytest.mark.parametrize("hook", ["pushgw_config_model", "pushgw_apps", "pushgw_routes"])
+async def test_an_async_hook_that_may_not_be_is_named_and_its_coroutine_closed(
+    tmp_path: Path, hook: str
+) -> None:
+    plugin = type("Plugin", (), {hook: getattr(_AsyncHooks, hook)})()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ConfigError) as failed:
+            async with GatewayHarness(
+                base_config(tmp_path, {"x": {}}), extra_plugins={"x": plugin}
+            ):
+                pass
+        message = str(failed.value)
+        del failed  # its traceback's frames hold the coroutine
+        gc.collect()  # a coroutine never awaited warns when it is collected
+    assert message.startswith(f"plugin 'x': its {hook} hook returned coroutine, not ")
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+class _GeneratedServices:
+    @hookimpl
+    def pushgw_services(self, context: object) -> Iterator[_OncePerGateway]:
+        yield _OncePerGateway()
+
+
+async def test_services_may_be_any_iterable(tmp_path: Path) -> None:
+    plugins = {"gen": _GeneratedServices()}
+    async with GatewayHarness(base_config(tmp_path, {"gen": {}}), extra_plugins=plugins) as gw:
+        services = (await (await gw.client.get("/readyz")).json())["services"]
+        assert services == {"listener": True}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import install_plugin_dist
+from tests.conftest import install_plugin_dist, process_gone
 
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
@@ -298,3 +298,76 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+# --- a worker that never stops after the stop signal -----------------------------------
+
+# A service whose stop() never returns in worker 1 (a relay close that is never answered,
+# say); worker 0 stops as usual. Files tell the test each worker's pid and that worker 1
+# reached stop().
+HANGING_PLUGIN = """
+import asyncio
+import os
+from pathlib import Path
+
+from gateway.api import hookimpl
+
+
+class Hanging:
+    name = "hanging"
+
+    async def start(self):
+        (self.where / f"worker-{self.worker}.pid").write_text(str(os.getpid()))
+
+    async def stop(self):
+        if self.worker == "1":
+            (self.where / "stopping-1").write_text(str(os.getpid()))
+            await asyncio.get_running_loop().create_future()  # never done
+
+    def ready(self):
+        return True
+
+    @property
+    def where(self):
+        return Path(os.environ["REVIEW_DIR"])
+
+    @property
+    def worker(self):
+        return os.environ["PUSHGW_WORKER"]
+
+
+@hookimpl
+def pushgw_services(context):
+    return [Hanging()]
+"""
+
+
+def test_a_worker_that_does_not_stop_after_sigterm_is_killed_after_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    """After SIGTERM the parent waited for the workers without a deadline: a worker whose
+    shutdown hung (a plugin's stop() that never returns) kept `serve` running forever.
+    It is killed after the grace period (twice shutdown_timeout + 10 s), named in one
+    line, and `serve` exits non-zero; the worker that stopped in time is not named."""
+    site = tmp_path / "site"
+    install_plugin_dist(site, "hanging")
+    (site / "pushgw_hanging.py").write_text(HANGING_PLUGIN)
+    server = {"port": free_port(), "workers": 2, "shutdown_timeout": 0}
+    proc = _start_serve(tmp_path, site, "hanging", server)
+    try:
+        _running_pids(proc, 2)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)  # without the fix: never returns
+        pids = {n: int((tmp_path / f"worker-{n}.pid").read_text()) for n in (0, 1)}
+        left = [pid for pid in pids.values() if not process_gone(pid)]  # before the clean-up below
+    finally:
+        _end(proc)
+    assert proc.returncode == 1, stderr
+    assert (tmp_path / "stopping-1").read_text() == str(pids[1])  # it hung in stop()
+    lines = [line for line in stderr.splitlines() if line.startswith("pushgw: error:")]
+    assert lines == [
+        f"pushgw: error: worker 1 (pid {pids[1]}) did not stop within 10 seconds "
+        "of the stop signal: killed it (SIGKILL)"
+    ]
+    assert left == []  # killed, and reaped by the parent
+    assert "Traceback" not in stderr

@@ -15,8 +15,9 @@ and the CLI exits with status 2.
 
 The package, each module importing only from those above it in this list:
 
-- `errors`: `ConfigError`, and `config_error`, which names the key path and the file
-  or environment variable it came from.
+- `errors`: `ConfigError`, `config_error`, which names the key path and the file
+  or environment variable it came from, and `bad_hook_result`, a plugin hook's
+  result that is not what the hook returns.
 - `proxy`: the proxy of the provider clients (`delivery.proxy`, else `HTTPS_PROXY`) and
   `proxy_problem`, which `Settings` and `load_settings` check it with.
 - `base`: `ConfigModel` (the base of every section model, `X_file` secrets) and the
@@ -41,7 +42,7 @@ from gateway.config.apps import (
 )
 from gateway.config.base import ConfigModel, ExistingFile, TrustStore, read_secret_file
 from gateway.config.env import ENV_PREFIX, EnvOverrides, environment_overrides
-from gateway.config.errors import ConfigError, Problem, config_error
+from gateway.config.errors import ConfigError, Problem, bad_hook_result, config_error
 from gateway.config.loading import (
     CONFIG_ENV,
     config_path,
@@ -93,6 +94,7 @@ __all__ = [
     "Settings",
     "StoreConfig",
     "TrustStore",
+    "bad_hook_result",
     "config_error",
     "config_path",
     "environment_overrides",

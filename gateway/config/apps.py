@@ -53,7 +53,10 @@ class ApnsAppConfig(ConfigModel):
     certfile: ExistingFile | None = Field(None, description="PEM cert+key (certificate auth)")
     environment: Literal["production", "sandbox"] = "production"
     host: str | None = Field(None, description="Override the APNs host (simulator)")
-    port: int | None = Field(None, description="Override the APNs port (simulator)")
+    # 1 to 65535, as server.metrics_port: a port to connect to, so never 0 ("any").
+    port: int | None = Field(
+        None, ge=1, le=65535, description="Override the APNs port (simulator); default 443"
+    )
     ca_file: TrustStore | None = Field(None, description="Trust store for the endpoint")
     max_connections: int = Field(4, ge=1, le=100)
     max_in_flight: int = Field(500, ge=1, description="Concurrent requests for this app")

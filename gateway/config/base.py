@@ -12,9 +12,19 @@ import ssl
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from gateway.config.errors import _key_error
 
@@ -98,6 +108,11 @@ def read_secret_file(value: Any) -> str:
     return text
 
 
+SECRETS_FROM_FILES_MASK = "pushgw_secrets_from_files_mask"
+"""A serialization context key: `model_dump(context={SECRETS_FROM_FILES_MASK: "***"})`
+shows every value a `ConfigModel` read from an `X_file` as "***" (`pushgw check-config`)."""
+
+
 class ConfigModel(BaseModel):
     """Base of every config section: unknown keys are errors; `X_file` fills secret `X`.
 
@@ -106,16 +121,32 @@ class ConfigModel(BaseModel):
     no field `password_file`. Setting both `password` and `password_file` is an error,
     and so is a file that is missing, a directory, not UTF-8 text, or empty
     (`read_secret_file`). Plugins derive their section models from this.
+
+    The fields so filled are remembered: whatever their names, the operator said they
+    are secrets by putting them in a file, and a masked dump (`SECRETS_FROM_FILES_MASK`)
+    hides them.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    @model_validator(mode="before")
+    _from_files: frozenset[str] = PrivateAttr(default=frozenset())
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _secrets_from_files(cls, data: Any) -> Any:
+    def _secrets_from_files(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        data, from_files = cls._read_secret_files(data)
+        model = handler(data)
+        if from_files:  # (private attributes may be set on a frozen model)
+            model._from_files = from_files
+        return model
+
+    @classmethod
+    def _read_secret_files(cls, data: Any) -> tuple[Any, frozenset[str]]:
+        """`data` with each `X_file` key replaced by `X`, the file's content; and the Xs."""
         if not isinstance(data, Mapping):
-            return data
+            return data, frozenset()
         out = dict(data)
+        targets: set[str] = set()
         for key, value in data.items():
             if not (isinstance(key, str) and key.endswith("_file")):
                 continue
@@ -129,4 +160,22 @@ class ConfigModel(BaseModel):
             except ValueError as exc:
                 raise _key_error(key, str(exc)) from None
             del out[key]
-        return out
+            targets.add(target)
+        return out, frozenset(targets)
+
+    # No return annotation on purpose: pydantic would take it for the schema of the
+    # model's serialized form (`model_json_schema(mode="serialization")`).
+    @model_serializer(mode="wrap")
+    def _mask_secrets_from_files(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ):
+        dumped = handler(self)
+        mask = (info.context or {}).get(SECRETS_FROM_FILES_MASK) if self._from_files else None
+        if mask is None or not isinstance(dumped, dict):
+            return dumped
+        for name in self._from_files:
+            field = type(self).model_fields[name]
+            key = (field.serialization_alias or field.alias or name) if info.by_alias else name
+            if key in dumped:
+                dumped[key] = mask
+        return dumped

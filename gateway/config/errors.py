@@ -7,6 +7,7 @@ else the file. No message carries a secret.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,19 @@ class ConfigError(Exception):
         self.source = source
         prefix = f"{source}: " if source else ""
         super().__init__("\n".join(prefix + p for p in self.problems))
+
+
+def bad_hook_result(plugin: str, hook: str, result: object, expected: str) -> ConfigError:
+    """A plugin hook's result that is not what the hook returns, as one line naming the
+    plugin, the hook and the type of what it returned (a plugin bug, not a traceback).
+
+    A coroutine (an `async def` implementation of a hook that may not be async) is
+    closed: it will never be awaited, and would warn so when collected.
+    """
+    if inspect.iscoroutine(result):
+        result.close()
+    returned = result.__name__ if isinstance(result, type) else type(result).__name__
+    return ConfigError([f"plugin '{plugin}': its {hook} hook returned {returned}, not {expected}"])
 
 
 def _key_error(key: str, message: str) -> PydanticCustomError:

@@ -17,6 +17,7 @@ from gateway.config.errors import (
     ConfigError,
     Problem,
     _format_errors,
+    bad_hook_result,
     config_error,
     nested_too_deeply,
     nesting_problem,
@@ -108,12 +109,8 @@ def validate_plugin_section(
     """Validate `plugins.<name>` against the plugin's model, errors with full key paths."""
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         # A plugin's mistake, reported by its name in one line, not as an AttributeError.
-        returned = model.__name__ if isinstance(model, type) else type(model).__name__
-        raise ConfigError(
-            [
-                f"plugin '{name}': its pushgw_config_model hook returned {returned}, "
-                "not a pydantic model class (or None)"
-            ]
+        raise bad_hook_result(
+            name, "pushgw_config_model", model, "a pydantic model class (or None)"
         )
     section = _plugin_env_values(settings, name, model, settings.plugins.section(name))
     try:

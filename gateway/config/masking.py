@@ -11,17 +11,20 @@ from urllib.parse import parse_qsl, urlencode
 
 from pydantic import BaseModel
 
+from gateway.config.base import SECRETS_FROM_FILES_MASK
 from gateway.config.sections import Settings
 
 MASK = "**********"
 
 
 def masked(settings: Settings, plugin_sections: Mapping[str, BaseModel]) -> dict[str, Any]:
-    """The normalized config as plain data, with every secret masked."""
-    out = settings.model_dump(mode="json", by_alias=True, exclude={"plugins"})
+    """The normalized config as plain data, with every secret masked: each value read
+    from an `X_file` (`ConfigModel`), and each with a secret's name (`_mask`)."""
+    from_files = {SECRETS_FROM_FILES_MASK: MASK}
+    out = settings.model_dump(mode="json", by_alias=True, exclude={"plugins"}, context=from_files)
     plugins: dict[str, Any] = {"enabled": list(settings.plugins.enabled)}
     for name, section in plugin_sections.items():
-        plugins[name] = section.model_dump(mode="json")
+        plugins[name] = section.model_dump(mode="json", context=from_files)
     out["plugins"] = plugins
     return _mask(out)
 

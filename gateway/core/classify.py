@@ -7,6 +7,7 @@ safe for logs: they never contain a device token or payload content.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -128,6 +129,11 @@ _FCM_CODES: dict[str, tuple[Outcome, bool]] = {
     "NOT_FOUND": (Outcome.PERMANENT, False),
 }
 _DETAIL_MAX = 200
+# A double-quoted string in an FCM error message, escapes included, or one cut off at the
+# end: FCM quotes the value it refused (`Invalid value at 'message.data[0].value'
+# (TYPE_STRING), "..."`), which may be notification content. Field paths are in single
+# quotes and stay.
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?$)')
 
 
 def _fcm_http(status: int) -> tuple[Outcome, bool]:
@@ -232,6 +238,7 @@ def classify_fcm(
     if message:
         if token:
             message = message.replace(token, "<token>")
+        message = _QUOTED.sub('"..."', message)
         detail = f"FCM {status}: {message[:_DETAIL_MAX]}"
     else:
         detail = f"FCM {status}" + ("" if reason else " without an error body")

@@ -16,6 +16,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
     multiprocess,
 )
@@ -37,6 +38,11 @@ class Metrics:
         r = self.registry
         self._tallies: list[Tally | HistogramTally] = []
         r.register(_FlushOnCollect(self))
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds...:
+        # what dashboards (Sygnal's among them) chart for any Prometheus-instrumented
+        # service. With several workers they are not exported: prometheus-client's
+        # multi-process mode cannot add them up across processes.
+        ProcessCollector(registry=r)
         self.http_requests = Counter(
             "pushgw_http_requests",
             "HTTP requests handled",

@@ -6,14 +6,18 @@
 - `serve_simulators()`: start both and write a ready state directory (for `pushgw simulate`).
 - `GatewayHarness`: a whole gateway on a test server, with `base_config`,
   `apns_app_config` and `fcm_app_config` to point a plugin's apps at the simulators.
+- `schema_drift()`: how a plugin's declared tables (`pushgw_tables`) differ from what
+  its migrations create; [] when they match.
 - `gateway.testing.pytest_plugin`: pytest fixtures.
 
-The harness names are imported on first use (they load the whole gateway), so that
-importing this package, as the pytest plugin does, stays as light as the simulators.
+The harness and schema names are imported on first use (they load the whole gateway),
+so that importing this package, as the pytest plugin does, stays as light as the
+simulators.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from gateway.testing.apns_sim import (
@@ -36,15 +40,21 @@ if TYPE_CHECKING:
         base_config,
         fcm_app_config,
     )
+    from gateway.testing.schema import schema_drift
 
-_HARNESS = frozenset({"GatewayHarness", "apns_app_config", "base_config", "fcm_app_config"})
+_LAZY = {
+    "GatewayHarness": "harness",
+    "apns_app_config": "harness",
+    "base_config": "harness",
+    "fcm_app_config": "harness",
+    "schema_drift": "schema",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _HARNESS:
-        from gateway.testing import harness
-
-        return getattr(harness, name)
+    if name in _LAZY:
+        module = importlib.import_module(f"gateway.testing.{_LAZY[name]}")
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -68,5 +78,6 @@ __all__ = [
     "fcm_app_config",
     "generate_apns_auth_key",
     "make_service_account",
+    "schema_drift",
     "serve_simulators",
 ]

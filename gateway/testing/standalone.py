@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from gateway.loops import run, tune_gc
+from gateway.preflight import PreflightError, check_state_dir, os_reason, resolve
 from gateway.testing.apns_sim import ApnsResponse, generate_apns_auth_key
 from gateway.testing.fcm_sim import FcmResponse
 from gateway.testing.relay import NostrRelayProcess, relay_available
@@ -90,15 +91,32 @@ async def _main(
 def run_simulators(
     host: str, apns_port: int, fcm_port: int, state_dir: Path, delay: float = 0.0
 ) -> int:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    """Run the simulators until SIGINT or SIGTERM; the exit status of `pushgw simulate`.
+
+    A bad argument (a state directory that is not one or cannot be made or written
+    into, a host that does not resolve or is no host name) or a port that cannot be
+    listened on is one line on stderr and status 2, as `pushgw serve` reports them.
+    """
+    try:
+        check_state_dir(state_dir)
+    except PreflightError as exc:
+        return _usage_error(f"--state-dir {state_dir}: {exc}")
+    try:
+        resolve(host, apns_port)  # as the simulators' sites will, before they start
+    except PreflightError as exc:
+        return _usage_error(f"--host {host}: {exc}")
     try:
         # uvloop where installed, as `pushgw serve`: the simulators share the host's
         # cores with the gateway in local runs and benchmarks
         run(_main(host, apns_port, fcm_port, state_dir, delay))
     except OSError as exc:
-        print(f"pushgw: error: cannot start the simulators: {exc.strerror}", file=sys.stderr)
-        return 2
+        return _usage_error(f"cannot start the simulators: {os_reason(exc)}")
     return 0
+
+
+def _usage_error(message: str) -> int:
+    print(f"pushgw: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

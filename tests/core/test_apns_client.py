@@ -102,6 +102,17 @@ async def send(client: ApnsClient, push: Push, secrets_seen: set[str]) -> Any:
     return await client.send(push)
 
 
+async def one_connection(
+    make_client: MakeClient, secrets_seen: set[str], **options: Any
+) -> tuple[ApnsClient, Any]:
+    """A client (`options`) whose pool holds the one connection a first push opened."""
+    client = await make_client(**options)
+    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
+    assert client._pool is not None
+    (protocol,) = client._pool.connections
+    return client, protocol
+
+
 # --- success and headers ---------------------------------------------------------------
 
 
@@ -624,10 +635,9 @@ async def test_a_send_waiting_for_a_stream_ends_transient_when_the_connection_dr
     (retried by the dispatcher), not with a ValueError from the stream semaphore (which
     the dispatcher ends `client_error`, never retried)."""
     sim.set_max_concurrent_streams(1)
-    client = await make_client(max_connections=1, request_timeout=5.0)
-    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
-    assert client._pool is not None
-    (protocol,) = client._pool.connections
+    client, protocol = await one_connection(
+        make_client, secrets_seen, max_connections=1, request_timeout=5.0
+    )
     holder_token = token()
     sim.script(holder_token, ApnsResponse.ok(delay=10.0))  # holds the one stream
     holder = asyncio.create_task(send(client, push_for(holder_token), secrets_seen))
@@ -655,10 +665,9 @@ async def test_a_lost_connection_ends_a_body_waiting_for_window_with_its_error_r
     send `connection_error`, and the stream's own error is retrieved (no "exception was
     never retrieved" warning when it is collected)."""
     sim.initial_window_size = 64  # per stream: a larger body waits for window
-    client = await make_client(request_timeout=5.0, max_connections=1)
-    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
-    assert client._pool is not None
-    (protocol,) = client._pool.connections
+    client, protocol = await one_connection(
+        make_client, secrets_seen, request_timeout=5.0, max_connections=1
+    )
     waiting = asyncio.create_task(
         send(client, push_for(token(), sized_payload(1000)), secrets_seen)
     )
@@ -692,10 +701,7 @@ async def test_concurrency_grows_after_settings(
 async def test_requests_of_one_loop_iteration_share_a_write(
     make_client: MakeClient, secrets_seen: set[str]
 ) -> None:
-    client = await make_client(max_connections=1)
-    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
-    assert client._pool is not None
-    (protocol,) = client._pool.connections
+    client, protocol = await one_connection(make_client, secrets_seen, max_connections=1)
     assert protocol.transport is not None
     writes = []
     real_write = protocol.transport.write
@@ -715,10 +721,7 @@ async def test_idle_connection_closes_after_the_inactivity_time(
     make_client: MakeClient, secrets_seen: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_ApnsProtocol, "INACTIVITY_TIME", 0.3)
-    client = await make_client(max_connections=1)
-    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
-    assert client._pool is not None
-    (protocol,) = client._pool.connections
+    client, protocol = await one_connection(make_client, secrets_seen, max_connections=1)
     lost = asyncio.get_running_loop().create_future()
     real_lost = protocol.connection_lost
 
@@ -742,10 +745,7 @@ async def test_a_connection_being_closed_takes_no_new_request(
     pool until `connection_lost`, which comes only after the TLS shutdown round trip.
     Sends picked it meanwhile and failed `connection_error` at once: after a GOAWAY,
     a burst of pushes went into backoff and could open the lane's circuit breaker."""
-    client = await make_client(max_connections=1)
-    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
-    assert client._pool is not None
-    (protocol,) = client._pool.connections
+    client, protocol = await one_connection(make_client, secrets_seen, max_connections=1)
     protocol.close()  # what `_idle_check` and a GOAWAY do; connection_lost comes later
     attempts = await asyncio.gather(
         *(send(client, push_for(token()), secrets_seen) for _ in range(3))
@@ -757,10 +757,7 @@ async def test_a_connection_being_closed_takes_no_new_request(
 async def test_goaway_then_send_at_once_uses_a_new_connection(
     sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
 ) -> None:
-    client = await make_client(max_connections=1)
-    assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
-    assert client._pool is not None
-    (protocol,) = client._pool.connections
+    client, protocol = await one_connection(make_client, secrets_seen, max_connections=1)
     assert protocol.transport is not None
     sim.goaway_all()
 

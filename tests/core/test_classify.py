@@ -281,6 +281,25 @@ def test_fcm_detail_scrubs_token() -> None:
     assert token not in attempt.detail
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        # FCM's wording when a payload value is refused: it quotes the value
+        'Invalid value at \'message.data[0].value\' (TYPE_STRING), "meet me at 9 \\"sharp\\""',
+        "Invalid JSON payload received. Unknown name \"meet me at 9\" at 'message.data'",
+        "Invalid value at 'message.android.ttl', \"meet me at 9",  # cut off mid-quote
+    ],
+)
+def test_fcm_detail_leaves_out_quoted_payload_values(message: str) -> None:
+    """`detail` is documented safe for logs; FCM's messages quote the refused value, which
+    may be notification content. The field path (single quotes) stays: it says what is
+    wrong."""
+    attempt = classify_fcm(400, fcm_body("INVALID_ARGUMENT", None, message))
+    assert attempt.detail is not None
+    assert "meet me" not in attempt.detail
+    assert "'message." in attempt.detail
+
+
 def test_parse_fcm_error_tolerates_garbage() -> None:
     assert parse_fcm_error(b"not json") == (None, None, "", [])
     assert parse_fcm_error({"error": {"details": "nope"}}) == (None, None, "", [])
