@@ -29,6 +29,7 @@ plugins:
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -50,6 +51,9 @@ __all__ = [
 ]
 
 _MAX_RELAY_URL_BYTES = 512
+#: APNs limits (Apple's, as the core enforces them per push): payload bytes, collapse-id bytes.
+APNS_PAYLOAD_LIMIT = 4096
+APNS_COLLAPSE_ID_LIMIT = 64
 
 
 def validate_relay_url(url: str) -> str:
@@ -137,7 +141,11 @@ class ProfilesConfig(ConfigModel):
 
 
 class ApnsRouting(ConfigModel):
-    """Where platform 0x01 tokens go, and how (spec section 9)."""
+    """Where platform 0x01 tokens go, and how (spec section 9).
+
+    Everything a push will carry is checked here, at load: a value APNs would refuse (an
+    oversized payload, a collapse id that is no header value) would otherwise fail every push.
+    """
 
     app: str | None = Field(
         default=None, description="An APNs app id of `apps`; None: APNs disabled"
@@ -145,10 +153,63 @@ class ApnsRouting(ConfigModel):
     mode: Literal["silent", "alert"] = "silent"
     alert_title: str = "New activity"
     alert_body: str = "Open the app to sync"
-    collapse_id: str | None = Field(default=None, max_length=64)
+    mutable_content: bool = Field(
+        default=True,
+        description="Alert mode: set `mutable-content` so the app's Notification Service "
+        "Extension may replace the text (transponder `mutable_alert`; false: `generic_alert`)",
+    )
+    collapse_id: str | None = Field(
+        default=None, description="Alert mode: `apns-collapse-id` (<= 64 bytes; empty: none)"
+    )
     custom: dict[str, Any] = Field(
         default_factory=dict, description="Extra top-level payload keys (alert mode only)"
     )
+
+    @field_validator("collapse_id")
+    @classmethod
+    def _valid_collapse_id(cls, value: str | None) -> str | None:
+        if not value:
+            return None  # transponder's "" means "no collapse id"; an empty header is refused
+        if len(value.encode("utf-8", "surrogatepass")) > APNS_COLLAPSE_ID_LIMIT:
+            raise ValueError(f"collapse_id is longer than {APNS_COLLAPSE_ID_LIMIT} bytes")
+        if not value.isprintable() or value.strip() != value:
+            raise ValueError(
+                "collapse_id must be a header value: printable, no surrounding whitespace"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _sendable_alert(self) -> ApnsRouting:
+        if self.mode != "alert":
+            return self
+        if not self.alert_title.strip() and not self.alert_body.strip():
+            raise ValueError("set apns.alert_title or apns.alert_body for apns.mode: alert")
+        try:
+            # Encoded as the core sends it (UTF-8, compact, no NaN), so the sizes agree.
+            body = json.dumps(
+                self.payload(), separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            )
+            size = len(body.encode("utf-8", "surrogatepass"))
+        except (TypeError, ValueError, RecursionError):
+            raise ValueError("apns.custom is not JSON-encodable") from None
+        if size > APNS_PAYLOAD_LIMIT:
+            raise ValueError(
+                f"the APNs alert payload is {size} bytes; APNs accepts at most "
+                f"{APNS_PAYLOAD_LIMIT} (shorten the alert text or apns.custom)"
+            )
+        return self
+
+    def payload(self) -> dict[str, Any]:
+        """The APNs body of every push: content-free, the same for every device."""
+        if self.mode != "alert":
+            return {"aps": {"content-available": 1}}
+        # An empty text is left out, not sent as "" (what transponder does).
+        text = {k: v for k, v in (("title", self.alert_title), ("body", self.alert_body)) if v}
+        aps: dict[str, Any] = {"alert": text}
+        if self.mutable_content:
+            aps["mutable-content"] = 1
+        aps["sound"] = "default"
+        return {**self.custom, "aps": aps}
 
 
 class FcmRouting(ConfigModel):

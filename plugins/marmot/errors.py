@@ -110,6 +110,8 @@ class ChunkResult(StrEnum):
     INVALID_PLATFORM = "invalid_platform"
     INVALID_LENGTH = "invalid_length"
     INVALID_ENCODING = "invalid_encoding"
+    #: the same chunk again in one trigger: skipped before the limiter, never decrypted twice
+    DUPLICATE = "duplicate"
 
 
 class ChunkRejected(Exception):

@@ -61,7 +61,6 @@ log = logging.getLogger("plugins.marmot")
 Submit = Callable[[Push], "asyncio.Future[Receipt]"]
 T = TypeVar("T")
 
-_APNS_SILENT = {"aps": {"content-available": 1}}
 _FCM_DATA = {"android": {"priority": "high"}, "data": {"content_available": "true"}}
 _PLATFORM_LABEL = {Platform.APNS: "apns", Platform.FCM: "fcm"}
 # Provider answers that mean the operator's configuration is wrong, not the token.
@@ -153,6 +152,7 @@ class MarmotService:
             for url in config.inbox_relays
         ]
         self._apns = self._apns_options()
+        self._apns_payload = config.apns.payload()  # the same for every push: built once
         self._policy = PushPolicy(deadline=config.push_deadline, persist_token_hash=False)
         self._queue: asyncio.Queue[Mapping[str, Any]] | None = None
         self._workers: list[asyncio.Task[None]] = []
@@ -463,12 +463,7 @@ class MarmotService:
         profile = trigger.profile.value
         self.metrics.chunks_per_trigger.observe(len(trigger.chunks))
         # 11. per chunk: encrypted-token limiter before any ECDH
-        chunks = trigger.chunks
-        sha256 = hashlib.sha256
-        admitted = self.encrypted_limiter.allow_each([sha256(c).digest() for c in chunks])
-        allowed = [chunk for chunk, ok in zip(chunks, admitted, strict=True) if ok]
-        if len(allowed) < len(chunks):
-            self.metrics.chunks(profile, "rate_limited").inc(len(chunks) - len(allowed))
+        allowed = self._admit_chunks(trigger.chunks, profile)
         if not allowed:
             return
         results = await self._decrypt(allowed, trigger.token_format)
@@ -491,6 +486,26 @@ class MarmotService:
             self.metrics.chunks(profile, outcome).inc(count)
         pushed.clear()  # drop the decrypted tokens now that they are handed over
 
+    def _admit_chunks(self, chunks: tuple[bytes, ...], profile: str) -> list[bytes]:
+        """The chunks to decrypt: each distinct chunk once, within its encrypted-token limit.
+
+        A chunk repeated within one trigger is skipped before the limiter, as transponder does:
+        charging every copy would let one trigger carrying a cached blob 32 times spend 32 of
+        that blob's budget (and 32 ECDHs), so a few triggers from a former member would silence
+        the device's real wake-ups for the rest of the window.
+        """
+        by_key: dict[bytes, bytes] = {}
+        for chunk in chunks:
+            by_key.setdefault(hashlib.sha256(chunk).digest(), chunk)
+        repeats = len(chunks) - len(by_key)
+        if repeats:
+            self.metrics.chunks(profile, ChunkResult.DUPLICATE.value).inc(repeats)
+        admitted = self.encrypted_limiter.allow_each(by_key)
+        allowed = [chunk for chunk, ok in zip(by_key.values(), admitted, strict=True) if ok]
+        if len(allowed) < len(by_key):
+            self.metrics.chunks(profile, "rate_limited").inc(len(by_key) - len(allowed))
+        return allowed
+
     # -- dispatch -------------------------------------------------------------------------------
 
     def _apns_options(self) -> ApnsOptions:
@@ -499,24 +514,11 @@ class MarmotService:
             return ApnsOptions(push_type="alert", priority=10, collapse_id=apns.collapse_id)
         return ApnsOptions(push_type="background", priority=5)
 
-    def _apns_payload(self) -> Mapping[str, Any]:
-        apns = self.config.apns
-        if apns.mode == "alert":
-            return {
-                **apns.custom,
-                "aps": {
-                    "alert": {"title": apns.alert_title, "body": apns.alert_body},
-                    "mutable-content": 1,
-                    "sound": "default",
-                },
-            }
-        return _APNS_SILENT
-
     def _dispatch(self, token: DeviceToken) -> None:
         platform = _PLATFORM_LABEL[token.platform]
         if token.platform is Platform.APNS:
             app = self.config.apns.app
-            payload = self._apns_payload()
+            payload = self._apns_payload
         else:
             app = self.config.fcm.app
             payload = _FCM_DATA

@@ -43,8 +43,10 @@ def marmot_section(
     relays: Sequence[str],
     apns: ApnsSimulator,
     fcm: FcmSimulator,
+    /,
     **extra: Any,
 ) -> dict[str, Any]:
+    # Positional-only: `apns`/`fcm` in **extra are the config sections, not the simulators.
     keyfile = directory / "marmot-server.key"
     keyfile.write_text(key.secret.hex() + "\n")
     section: dict[str, Any] = {
