@@ -367,9 +367,11 @@ class Bouncer:
                 server = await repo.get_server(conn, org_id)
                 assert server is not None
             if not repo.server_key_matches(server, org_key):
+                # Zulip's error carries the UUID as data field `role` too.
                 raise ZulipError(
                     f"Zulip server auth failure: key does not match role {org_id}",
                     "INVALID_ZULIP_SERVER",
+                    data={"role": org_id},
                 )
             if server.deactivated_at is not None:
                 raise ZulipError(DEACTIVATED_MSG, "REALM_DEACTIVATED", 401)

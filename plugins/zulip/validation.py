@@ -7,6 +7,7 @@ a Zulip server expects; nothing here touches the store.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -221,10 +222,31 @@ def validate_hostname(hostname: str) -> str:
     host = parts.hostname or ""
     if port is not None and not 0 < port < 65536:
         raise ZulipError(f"{hostname} is not a valid hostname")
-    labels = host.rstrip(".").split(".")
-    if not host or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+    # Brackets hold an IPv6 address and nothing else.
+    valid = _is_ipv6_address(host) if hostname.startswith("[") else _is_dns_name(host)
+    if not valid:
         raise ZulipError(f"{hostname} is not a valid hostname")
     return hostname
+
+
+def _is_dns_name(host: str) -> bool:
+    labels = host.rstrip(".").split(".")
+    return bool(host) and all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
+def _is_ipv6_address(host: str) -> bool:
+    """The host of `[2001:db8::5]` (port optional), which Zulip's URLValidator accepts:
+    a Zulip server's EXTERNAL_HOST may be an IPv6 address.
+
+    Zone ids (`%eth0`) mean nothing off the host; Django's pattern refuses them too.
+    """
+    if "%" in host:
+        return False
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def validate_email(email: str) -> str:
