@@ -135,6 +135,8 @@ class Dispatcher:
         self._idle.set()
         self._closing = asyncio.Event()  # set by drain(): wakes retry and gate waits
         self._background: set[asyncio.Task[Receipt]] = set()
+        # Token-invalid reports that outlived their push's deadline (see `_token_invalid`).
+        self._reports: set[asyncio.Task[bool]] = set()
 
     # --- lanes ---------------------------------------------------------------
 
@@ -280,7 +282,7 @@ class Dispatcher:
             if outcome is Outcome.OK or outcome is Outcome.PERMANENT or crashed:
                 return self._final(push, lane, attempt, attempts)
             if outcome is Outcome.TOKEN_INVALID:
-                return self._token_invalid(push, lane, attempt, attempts)
+                return self._token_invalid(push, lane, attempt, attempts, deadline)
             if outcome is Outcome.AUTH:
                 if refreshed:
                     return self._final(push, lane, attempt, attempts)
@@ -356,7 +358,7 @@ class Dispatcher:
         lane.metrics.provider_latency.observe(seconds)
 
     async def _token_invalid(
-        self, push: Push, lane: Lane, attempt: Attempt, attempts: int
+        self, push: Push, lane: Lane, attempt: Attempt, attempts: int, deadline: float
     ) -> Receipt:
         if self._count_in_guard(lane, invalid=True):
             held = Attempt(
@@ -378,7 +380,17 @@ class Dispatcher:
             ref=push.ref,
             token_timestamp=attempt.token_timestamp,
         )
-        await self.invalidation.report(invalid, persist=push.policy.persist_token_hash)
+        report = asyncio.create_task(
+            self.invalidation.report(invalid, persist=push.policy.persist_token_hash)
+        )
+        self._reports.add(report)
+        report.add_done_callback(self._reports.discard)
+        # The plugin is told before send() returns, as a rule. But the report writes to
+        # the store and runs the plugin's hook: a locked table or a database that stopped
+        # answering would hold the push (and its caller's HTTP answer) for as long, far
+        # past its deadline. From the deadline on, the report goes on in the background
+        # (`close()` waits for it); the push's end is decided already.
+        await asyncio.wait((report,), timeout=max(deadline - time.monotonic(), 0.0))
         return receipt
 
     def _count_in_guard(self, lane: Lane, *, invalid: bool) -> bool:
@@ -486,11 +498,16 @@ class Dispatcher:
         flight (their requests end `transient` with the clients) to reach their receipts,
         so that the receipts sink, closed after the dispatcher, gets them. The `submit()`
         tasks still running after that are cancelled (each push ends `shutting_down`) and
-        waited for, up to `timeout` s again."""
+        waited for, up to `timeout` s again. Token-invalid reports that outlived their
+        push (`_token_invalid`) are waited for as long, then cancelled."""
         self._closing.set()
         await asyncio.gather(
             *(lane.client.close() for lane in self._lanes.values()), return_exceptions=True
         )
+        await self._wait_for_pushes(timeout)
+        await self._wait_for_reports(timeout)
+
+    async def _wait_for_pushes(self, timeout: float) -> None:
         if not self._in_flight:
             return
         try:
@@ -509,3 +526,23 @@ class Dispatcher:
                 task.cancel()
             if stuck:
                 await asyncio.wait(stuck, timeout=timeout)
+
+    async def _wait_for_reports(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the token-invalid reports still running (a store
+        or hook slower than their push's deadline), then cancel them: the store closes
+        after the dispatcher. A cancelled report leaves its token to be reported again
+        at its next token-invalid answer."""
+        reports = list(self._reports)
+        if not reports:
+            return
+        _, late = await asyncio.wait(reports, timeout=timeout)
+        if late:
+            log.warning(
+                "shutdown: %d token-invalid reports (store or plugin hook) still running "
+                "after %.1f s; cancelling them",
+                len(late),
+                timeout,
+            )
+            for task in late:
+                task.cancel()
+            await asyncio.wait(late, timeout=timeout)

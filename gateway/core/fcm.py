@@ -54,6 +54,31 @@ def data_size_bound(chars: int, items: int) -> int:
     return 6 * (chars + items) + 2
 
 
+class _TimedRequest(google.auth.transport.requests.Request):
+    """google-auth's requests transport with every request bounded by `timeout` seconds.
+
+    google-auth sends the token request with its own default, 120 s: against a token
+    endpoint that accepts and never answers, each fetch then held its executor thread
+    (the loop's default executor, which also resolves every provider host name) and
+    its socket for two minutes, and delayed a process's exit as long.
+    """
+
+    def __init__(self, session: requests.Session, timeout: float) -> None:
+        super().__init__(session=session)
+        self._timeout = timeout
+
+    def __call__(
+        self,
+        url: str,
+        method: str = "GET",
+        body: Any = None,
+        headers: Any = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return super().__call__(url, method, body, headers, timeout=self._timeout, **kwargs)
+
+
 def _refusal(reason: str, detail: str) -> Attempt:
     return Attempt(Outcome.PERMANENT, reason=reason, detail=detail)
 
@@ -264,7 +289,17 @@ class FcmClient:
                 self._background = asyncio.create_task(self._refresh_quietly(self._generation))
             return None
         try:
-            await self._refresh(self._generation)
+            # A send waits no longer than its request would: google-auth retries a
+            # token endpoint's 5xx itself (three requests, 1 s and 2 s apart), and the
+            # fetch goes on (shielded) for the next send when this one gives up.
+            async with asyncio.timeout(self._timeout):
+                await self._refresh(self._generation)
+        except TimeoutError:
+            return Attempt(
+                Outcome.TRANSIENT,
+                reason=Reason.TIMEOUT,
+                detail=f"no OAuth token within {self._timeout:g} s",
+            )
         except google.auth.exceptions.RefreshError as exc:
             if getattr(exc, "retryable", False):
                 return Attempt(
@@ -339,7 +374,7 @@ class FcmClient:
             session.proxies = {"https": self._token_proxy, "http": self._token_proxy}
         try:
             credential = self._credential
-            credential.refresh(google.auth.transport.requests.Request(session=session))
+            credential.refresh(_TimedRequest(session, self._timeout))
             token: str = credential.token
             expiry: dt.datetime | None = credential.expiry
         finally:

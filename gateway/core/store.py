@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import (
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 CORE_BRANCH = "core"
+PING_TIMEOUT = 5.0  # seconds /readyz waits for the database
 
 metadata = MetaData()
 
@@ -73,10 +74,15 @@ class Store:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
-    async def ping(self) -> bool:
-        """True when the database answers (used by /readyz)."""
+    async def ping(self, timeout: float = PING_TIMEOUT) -> bool:
+        """True when the database answers within `timeout` s (used by /readyz).
+
+        Bounded: a database host that takes connections and never answers (a network
+        partition, a stopped VM) made asyncpg wait its 60 s connect timeout, and every
+        readiness probe meanwhile piled up another waiting connection attempt.
+        """
         try:
-            async with self.engine.connect() as conn:
+            async with asyncio.timeout(timeout), self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
             return True
         except Exception:
