@@ -77,6 +77,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     deactivate.add_argument("--server", required=True, help="server UUID")
     deactivate.set_defaults(handler=cmd_deactivate)
 
+    set_key = sub.add_parser(
+        "set-key", help="replace a server's zulip_org_key (one its administrator lost)"
+    )
+    set_key.add_argument("--server", required=True, help="server UUID")
+    set_key.add_argument("--key", help="the new zulip_org_key (default: 64 random characters)")
+    set_key.set_defaults(handler=cmd_set_key)
+
     keys = sub.add_parser("keys", help="bouncer key pairs (E2EE registrations)")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     for name in ("generate", "add"):
@@ -194,11 +201,19 @@ def _write_keys(path: Path, keys: dict[str, str]) -> None:
 # --- handlers ---------------------------------------------------------------------------
 
 
+def _new_server_key() -> str:
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(64))
+
+
+def _print_secrets(org_id: str, key: str) -> None:
+    print("Put these into the Zulip server's /etc/zulip/zulip-secrets.conf:")
+    print(f"zulip_org_id = {org_id}")
+    print(f"zulip_org_key = {key}")
+
+
 async def cmd_add_server(args: argparse.Namespace, command_context: CommandContext) -> int:
     org_id = args.uuid or str(uuid.uuid4())
-    key = args.key or "".join(
-        secrets.choice(string.ascii_letters + string.digits) for _ in range(64)
-    )
+    key = args.key or _new_server_key()
     try:
         validate_org_id(org_id)
         validate_hostname(args.hostname)
@@ -215,9 +230,7 @@ async def cmd_add_server(args: argparse.Namespace, command_context: CommandConte
         await repo.create_server(conn, org_id, key, args.hostname, args.email)
     print(f"registered server {org_id} ({args.hostname})")
     if not args.key:
-        print("Put these into the Zulip server's /etc/zulip/zulip-secrets.conf:")
-        print(f"zulip_org_id = {org_id}")
-        print(f"zulip_org_key = {key}")
+        _print_secrets(org_id, key)
     return 0
 
 
@@ -286,6 +299,27 @@ async def cmd_deactivate(args: argparse.Namespace, command_context: CommandConte
             return 0
         await repo.update_server(conn, server.id, deactivated_at=repo.now_utc())
     print(f"deactivated {args.server} ({server.hostname})")
+    return 0
+
+
+async def cmd_set_key(args: argparse.Namespace, command_context: CommandContext) -> int:
+    """A new `zulip_org_key` for a server whose administrator lost it (a reinstall without
+    zulip-secrets.conf). Zulip's own service verifies such a server through its hostname
+    (`server/register/transfer`, not offered here: spec section 1); here the operator
+    vouches for it, and the server keeps its UUID, realms and registrations."""
+    key = args.key or _new_server_key()
+    if len(key) != 64:
+        return _fail("--key must be 64 characters", EXIT_USAGE)
+    async with open_store(command_context) as (engine, _loaded), engine.begin() as conn:
+        server = await repo.get_server(conn, args.server)
+        if server is None:
+            return _fail("no such server")
+        if server.deactivated_at is not None:
+            return _fail("the server is deactivated; it registers again under a new zulip_org_id")
+        await repo.update_server(conn, server.id, key=key)
+    print(f"replaced the key of {args.server} ({server.hostname})")
+    if not args.key:
+        _print_secrets(args.server, key)
     return 0
 
 

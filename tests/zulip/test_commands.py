@@ -270,3 +270,70 @@ def test_gc(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
         in capsys.readouterr().out
     )
     assert main(["-c", str(config), "zulip", "gc", "--older-than", "soon"]) == 2
+
+
+async def test_set_key_gives_a_server_that_lost_its_key_a_new_one(
+    db_env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reinstalled Zulip server without its zulip-secrets.conf: the operator gives it a
+    new key; it keeps its UUID and realms, and the old key stops working."""
+    server, realm = await db_env.ready_server()
+    config = tmp_path / "cli.yaml"  # the running gateway's own configuration and store
+    config.write_text(yaml.safe_dump(db_env.harness.config))
+
+    def cli(*args: str) -> int:  # the CLI runs its own event loop: off this one
+        return main(["-c", str(config), "zulip", *args])
+
+    assert await asyncio.to_thread(cli, "set-key", "--server", server.uuid) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        f"replaced the key of {server.uuid} ({server.hostname})",
+        "Put these into the Zulip server's /etc/zulip/zulip-secrets.conf:",
+    ]
+    assert lines[2] == f"zulip_org_id = {server.uuid}"
+    new_key = lines[3].removeprefix("zulip_org_key = ")
+    assert len(new_key) == 64 and new_key != server.key
+
+    status, body = await server.get("server/analytics/status")
+    assert (status, body["code"]) == (401, "UNAUTHORIZED")
+    server.key = new_key
+    status, body = await server.get("server/analytics/status")
+    assert status == 200, body
+    async with db_env.engine.connect() as conn:
+        kept = (await conn.execute(select(realms.c.uuid))).scalars().all()
+    assert realm in kept
+
+    # A key of the operator's own choosing is not printed back.
+    chosen = random_key()
+    assert await asyncio.to_thread(cli, "set-key", "--server", server.uuid, "--key", chosen) == 0
+    assert capsys.readouterr().out == f"replaced the key of {server.uuid} ({server.hostname})\n"
+    server.key = chosen
+    assert (await server.get("server/analytics/status"))[0] == 200
+
+
+async def test_set_key_refuses_what_it_cannot_do(
+    db_env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = db_env.server()
+    await server.register()
+    config = tmp_path / "cli.yaml"
+    config.write_text(yaml.safe_dump(db_env.harness.config))
+
+    def cli(*args: str) -> int:
+        return main(["-c", str(config), "zulip", *args])
+
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli, "set-key", "--server", server.uuid, "--key", "short") == 2
+    assert capsys.readouterr().err == "pushgw zulip: --key must be 64 characters\n"
+    assert await asyncio.to_thread(cli, "set-key", "--server", str(uuid.uuid4())) == 1
+    assert capsys.readouterr().err == "pushgw zulip: no such server\n"
+    assert await asyncio.to_thread(cli, "deactivate", "--server", server.uuid) == 0
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli, "set-key", "--server", server.uuid) == 1
+    assert capsys.readouterr().err == (
+        "pushgw zulip: the server is deactivated; it registers again under a new zulip_org_id\n"
+    )
+    # Nothing changed: the old key still authenticates (as far as a deactivated server can).
+    status, body = await server.get("server/analytics/status")
+    assert (status, body["code"]) == (401, "UNAUTHORIZED")
+    assert "deactivated" in body["msg"]
