@@ -20,25 +20,13 @@ from plugins.marmot.keys import ServerKey
 from .gw import marmot_gateway
 from .helpers import V_MARMOT, apns_device, chunk_for, content_of, our_wrap, padding_chunk
 from .scripted_relay import ScriptedRelay
+from .test_config_limits import section
 from .test_service import Clock, Harness, trigger
-
-KEY = ServerKey.generate()
 
 
 @pytest.fixture
 def key() -> ServerKey:
     return ServerKey.generate()
-
-
-def section(**kw: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "server_secret_key": KEY.secret.hex(),
-        "inbox_relays": ["wss://relay.example.org"],
-        "apps": {"ios": {"type": "apns", "certfile": __file__}},
-        "apns": {"app": "ios"},
-    }
-    base.update(kw)
-    return base
 
 
 def alert(**kw: Any) -> dict[str, Any]:
@@ -113,11 +101,7 @@ async def test_empty_alert_text_is_omitted(key: ServerKey) -> None:
     """transponder src/config.rs:1252-1265 leaves an empty title or body out of `aps.alert`
     instead of sending `"title": ""`."""
     h = Harness(key, Clock(), apns=alert(alert_title="", alert_body="Open White Noise"))
-    await h.service.start()
-    try:
-        await h.run(trigger(key, [chunk_for(key, apns_device())]))
-    finally:
-        await h.service.stop()
+    await h.run_once(trigger(key, [chunk_for(key, apns_device())]))
     (push,) = h.pushes
     assert push.payload["aps"]["alert"] == {"body": "Open White Noise"}
 
@@ -130,11 +114,7 @@ async def test_mutable_content_is_configurable(key: ServerKey, mutable: bool) ->
     spec's (section 9: `"mutable-content":1`)."""
     routing = alert() if mutable else alert(mutable_content=False)
     h = Harness(key, Clock(), apns=routing)
-    await h.service.start()
-    try:
-        await h.run(trigger(key, [chunk_for(key, apns_device())]))
-    finally:
-        await h.service.stop()
+    await h.run_once(trigger(key, [chunk_for(key, apns_device())]))
     (push,) = h.pushes
     assert ("mutable-content" in push.payload["aps"]) is mutable
     assert push.payload["aps"]["sound"] == "default"

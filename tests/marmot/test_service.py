@@ -122,6 +122,14 @@ class Harness:
         await self.service.idle()
         await asyncio.sleep(0)  # receipt callbacks
 
+    async def run_once(self, *events: str | dict[str, Any]) -> None:
+        """Start the service, run `events` through it, stop it."""
+        await self.service.start()
+        try:
+            await self.run(*events)
+        finally:
+            await self.service.stop()
+
     def events(self, stage: str, result: str) -> float:
         v = self.registry.get_sample_value(
             "pushgw_marmot_events_total", {"stage": stage, "result": result}
@@ -172,11 +180,7 @@ async def test_derived_gift_wrap_vectors(profile: str, server_key: ServerKey) ->
     """Checklist 4: exactly one silent APNs push to cdcd..cd; the padding chunk is counted."""
     clock = Clock(VECTOR_NOW)
     h = Harness(server_key, clock)
-    await h.service.start()
-    try:
-        await h.run(MARMOT["derived_gift_wraps"][profile]["gift_wrap"])
-    finally:
-        await h.service.stop()
+    await h.run_once(MARMOT["derived_gift_wraps"][profile]["gift_wrap"])
     assert [f"/3/device/{p.token}" for p in h.pushes] == [
         MARMOT["derived_gift_wraps"][profile]["expected_results"][0]["apns_path"]
     ]
@@ -244,11 +248,7 @@ async def test_plaintext_checks_skip_only_the_bad_chunk(h: Harness, key: ServerK
 
 async def test_unrouted_platform_is_counted_not_pushed(key: ServerKey, clock: Clock) -> None:
     h = Harness(key, clock, apps={"ios": {"type": "apns", "certfile": __file__}}, fcm={"app": None})
-    await h.service.start()
-    try:
-        await h.run(trigger(key, [chunk_for(key, fcm_device())]))
-    finally:
-        await h.service.stop()
+    await h.run_once(trigger(key, [chunk_for(key, fcm_device())]))
     assert h.pushes == []
     assert h.sample("pushgw_marmot_pushes_total", platform="fcm", result="no_app") == 1
 
@@ -266,11 +266,7 @@ async def test_alert_mode(key: ServerKey, clock: Clock) -> None:
             "custom": {"k": "v"},
         },
     )
-    await h.service.start()
-    try:
-        await h.run(trigger(key, [chunk_for(key, apns_device())]))
-    finally:
-        await h.service.stop()
+    await h.run_once(trigger(key, [chunk_for(key, apns_device())]))
     (push,) = h.pushes
     assert push.payload == {
         "k": "v",
@@ -475,11 +471,7 @@ async def test_global_limiter_601st_wrap_dropped_before_unwrap(h: Harness) -> No
 
 async def test_queue_full_drops(key: ServerKey, clock: Clock) -> None:
     h = Harness(key, clock, queue_size=2, concurrency=1)
-    await h.service.start()
-    try:
-        await h.run(*[{"id": f"{i:064x}"} for i in range(5)])
-    finally:
-        await h.service.stop()
+    await h.run_once(*[{"id": f"{i:064x}"} for i in range(5)])
     assert h.events("global_limit", "queue_full") >= 2
 
 
