@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from gateway.config import DeliveryConfig
-from gateway.core.metrics import LaneMetrics, Metrics
+from gateway.core.metrics import LaneMetrics, Metrics, reason_label
 from gateway.core.providers import ProviderClient
 from gateway.core.push import Attempt, InvalidToken, Outcome, Push, Reason, Receipt
 from gateway.core.slots import DeadlineSlots
@@ -457,7 +457,7 @@ class Dispatcher:
             # on), and one series per value would grow the registry without bound.
             # The receipt still names it.
             self.metrics.pushes.labels(
-                push.plugin, "none", "", receipt.outcome.value, receipt.reason or ""
+                push.plugin, "none", "", receipt.outcome.value, reason_label(receipt.reason)
             ).inc()
         if self.sink is not None:
             await self.sink(push, receipt)

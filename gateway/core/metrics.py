@@ -23,7 +23,68 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from gateway.core import classify
+from gateway.core.push import Reason
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# The `reason` label's vocabulary: the gateway's own reasons and the providers' documented
+# ones. A provider reason is otherwise passed through as sent (receipts keep it), and
+# whatever answers in the provider's place (a proxy, a new error, a broken intermediary)
+# would make one series per string it sends. Anything else is counted as `other`.
+_GOOGLE_RPC_CODES = frozenset(
+    {
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    }
+)
+_FCM_ERROR_CODES = frozenset(
+    {
+        "UNSPECIFIED_ERROR",
+        "INVALID_ARGUMENT",
+        "UNREGISTERED",
+        "SENDER_ID_MISMATCH",
+        "QUOTA_EXCEEDED",
+        "UNAVAILABLE",
+        "INTERNAL",
+        "THIRD_PARTY_AUTH_ERROR",
+        "APNS_AUTH_ERROR",
+    }
+)
+KNOWN_REASONS: frozenset[str] = frozenset(
+    {"", "oauth_token_error"}
+    | {value for name, value in vars(Reason).items() if name.isupper() and isinstance(value, str)}
+    | classify.APNS_TOKEN_INVALID
+    | classify.APNS_AUTH
+    | classify.APNS_PERMANENT
+    | classify.APNS_TRANSIENT
+    | {classify.APNS_THROTTLED_TOKEN, classify.APNS_THROTTLED_CREDENTIAL}
+    | _GOOGLE_RPC_CODES
+    | _FCM_ERROR_CODES
+)
+OTHER_REASON = "other"
+
+
+def reason_label(reason: str | None, other: str = OTHER_REASON) -> str:
+    """`reason` as a label value: itself when known (`KNOWN_REASONS`), else `other`."""
+    reason = reason or ""
+    return reason if reason in KNOWN_REASONS else other
+
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -32,6 +93,8 @@ class Metrics:
     """Core metric families on one registry; plugins register theirs on `registry`."""
 
     content_type = CONTENT_TYPE_LATEST
+    # For plugins (they see `gateway.api.Metrics`): a provider reason as a label value.
+    reason_label = staticmethod(reason_label)
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -282,6 +345,7 @@ class LaneMetrics:
         return self._attempts(self.provider, self.app, outcome)  # type: ignore[no-any-return]
 
     def push(self, outcome: str, reason: str) -> Tally:
+        """The `pushgw_pushes` tally of `outcome`; `reason` as sent (`reason_label` bounds it)."""
         return self._pushes(  # type: ignore[no-any-return]
-            self.plugin, self.provider, self.app, outcome, reason
+            self.plugin, self.provider, self.app, outcome, reason_label(reason)
         )

@@ -18,7 +18,10 @@ class MarmotMetrics:
     """The plugin's metric families.
 
     Counters changed per event or per chunk (a trigger touches ~35) are tallied children
-    (`Metrics.children`): `events(stage, result).inc()`. Gauges are set directly.
+    (`Metrics.children`): `events(stage, result).inc()`. Gauges are set directly. With
+    `--workers N` every worker registers the gauges but only the first runs the service
+    (`one_per_gateway`): they are summed over live workers (`livesum`), so each is one
+    series without a `pid` label, and the other workers' zeros add nothing.
     """
 
     def __init__(self, metrics: Metrics) -> None:
@@ -67,12 +70,14 @@ class MarmotMetrics:
             "pushgw_marmot_relays_connected",
             "Inbox relays with a live subscription (EOSE received)",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.relay_state = Gauge(
             "pushgw_marmot_relay_state",
             "Per inbox relay: 1 for its current state",
             ["relay", "state"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.relay_reconnects = Counter(
             "pushgw_marmot_relay_reconnects",
@@ -81,13 +86,22 @@ class MarmotMetrics:
             registry=r,
         )
         self.dedup_entries = Gauge(
-            "pushgw_marmot_dedup_entries", "Live entries of the content-dedup map", registry=r
+            "pushgw_marmot_dedup_entries",
+            "Live entries of the content-dedup map",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.inflight = Gauge(
-            "pushgw_marmot_inflight", "Events being unwrapped or decrypted", registry=r
+            "pushgw_marmot_inflight",
+            "Events being unwrapped or decrypted",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.queued = Gauge(
-            "pushgw_marmot_queued", "Events waiting for a processing slot", registry=r
+            "pushgw_marmot_queued",
+            "Events waiting for a processing slot",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.chunks_per_trigger = metrics.tally(
             Histogram(

@@ -41,7 +41,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from gateway.api import ApnsOptions, Outcome, Push, PushPolicy, Receipt
+from gateway.api import ApnsOptions, Metrics, Outcome, Push, PushPolicy, Receipt
 from plugins.marmot import crypto_pool
 from plugins.marmot.config import MarmotConfig
 from plugins.marmot.errors import ChunkResult, Dropped, DropReason
@@ -546,6 +546,11 @@ class MarmotService:
         self.metrics.pushes(platform, receipt.outcome.value).inc()
         reason = receipt.reason or ""
         if reason in _CONFIG_REASONS or receipt.status == 403:
-            self.metrics.config_errors(reason or str(receipt.status)).inc()
+            # A 403's reason is labelled only when known (the provider's, or whatever
+            # answered in its place, would otherwise add a series per string), else its status.
+            status = str(receipt.status)
+            self.metrics.config_errors(
+                Metrics.reason_label(reason, status) if reason else status
+            ).inc()
         elif receipt.outcome is Outcome.TOKEN_INVALID or reason in _DEAD_REASONS:
             self.metrics.dead_tokens(platform).inc()
