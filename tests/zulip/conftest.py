@@ -77,6 +77,15 @@ class ZulipServer:
         resp = await self.client.get(PREFIX + endpoint, headers=self.auth)
         return resp.status, await resp.json()
 
+    async def legacy_register(
+        self, token: str, kind: int, **ids: Any
+    ) -> tuple[int, dict[str, Any]]:
+        """`push/register` (the legacy, unencrypted registration) of one device token."""
+        data = {"token": token, "token_kind": str(kind), **{k: str(v) for k, v in ids.items()}}
+        if kind == 1:
+            data["ios_app_id"] = IOS_APP_ID
+        return await self.form("push/register", data)
+
     async def register(self) -> dict[str, Any]:
         status, body = await self.try_register()
         assert status == 200, body

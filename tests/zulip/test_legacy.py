@@ -11,14 +11,7 @@ from sqlalchemy import select
 
 from gateway.testing import ApnsResponse, FcmResponse
 from plugins.zulip.tables import legacy_devices
-from tests.zulip.conftest import IOS_APP_ID, Env, ZulipServer, apns_token, fcm_token
-
-
-async def _register(server: ZulipServer, token: str, kind: int, **ids: Any) -> tuple[int, dict]:
-    data = {"token": token, "token_kind": str(kind), **{k: str(v) for k, v in ids.items()}}
-    if kind == 1:
-        data["ios_app_id"] = IOS_APP_ID
-    return await server.form("push/register", data)
+from tests.zulip.conftest import IOS_APP_ID, Env, apns_token, fcm_token
 
 
 async def _rows(env: Env) -> list[Any]:
@@ -72,18 +65,18 @@ async def test_register_unregister_cycle(db_env: Env) -> None:
     server = env.server()
     await server.register()
     token = apns_token()
-    assert (await _register(server, token, 1, user_id=7))[0] == 200
-    assert (await _register(server, token.lower(), 1, user_id=7))[0] == 200  # case-insensitive
+    assert (await server.legacy_register(token, 1, user_id=7))[0] == 200
+    assert (await server.legacy_register(token.lower(), 1, user_id=7))[0] == 200  # case-insensitive
     assert len(await _rows(env)) == 1
     user_uuid = str(uuid.uuid4())
-    assert (await _register(server, token, 1, user_id=7, user_uuid=user_uuid))[0] == 200
+    assert (await server.legacy_register(token, 1, user_id=7, user_uuid=user_uuid))[0] == 200
     assert [(r.user_id, r.user_uuid) for r in await _rows(env)] == [(None, user_uuid)]
     data = {"token": token.lower(), "token_kind": "1", "user_id": "7", "user_uuid": user_uuid}
     assert (await server.form("push/unregister", data))[0] == 200
     status, body = await server.form("push/unregister", data)
     assert (status, body["msg"]) == (400, "Token does not exist")
     for t in (fcm_token(), fcm_token()):
-        await _register(server, t, 2, user_id=9)
+        await server.legacy_register(t, 2, user_id=9)
     status, body = await server.form("push/unregister/all", {"user_id": "9"})
     assert status == 200 and await _rows(env) == []
     assert (await server.form("push/unregister/all", {"user_id": "9"}))[0] == 200
@@ -94,12 +87,12 @@ async def test_register_unregister_cycle(db_env: Env) -> None:
 async def test_register_with_other_servers_realm(env: Env) -> None:
     server, _ = await env.ready_server()
     _, other_realm = await env.ready_server()
-    status, body = await _register(
-        server, fcm_token(), 2, user_uuid=str(uuid.uuid4()), realm_uuid=other_realm
+    status, body = await server.legacy_register(
+        fcm_token(), 2, user_uuid=str(uuid.uuid4()), realm_uuid=other_realm
     )
     assert (status, body["code"]) == (403, "REMOTE_REALM_SERVER_MISMATCH_ERROR")
-    status, _ = await _register(
-        server, fcm_token(), 2, user_uuid=str(uuid.uuid4()), realm_uuid=str(uuid.uuid4())
+    status, _ = await server.legacy_register(
+        fcm_token(), 2, user_uuid=str(uuid.uuid4()), realm_uuid=str(uuid.uuid4())
     )
     assert status == 200  # unknown realms are tolerated
 
@@ -108,9 +101,9 @@ async def test_notify(env: Env) -> None:
     server, realm = await env.ready_server()
     user_uuid = str(uuid.uuid4())
     apns, fcm = apns_token(), fcm_token()
-    await _register(server, apns, 1, user_id=5)
-    await _register(server, apns, 1, user_uuid=user_uuid)  # same token under both ids
-    await _register(server, fcm, 2, user_uuid=user_uuid)
+    await server.legacy_register(apns, 1, user_id=5)
+    await server.legacy_register(apns, 1, user_uuid=user_uuid)  # same token under both ids
+    await server.legacy_register(fcm, 2, user_uuid=user_uuid)
     ids = ",".join(str(i) for i in range(1, 250))
     gone = fcm_token()
     body = {
@@ -167,9 +160,9 @@ async def test_notify(env: Env) -> None:
 async def test_notify_invalid_tokens_deleted(env: Env) -> None:
     server, _ = await env.ready_server()
     apns, fcm, ok = apns_token(), fcm_token(), fcm_token()
-    await _register(server, apns, 1, user_id=1)
-    await _register(server, fcm, 2, user_id=1)
-    await _register(server, ok, 2, user_id=1)
+    await server.legacy_register(apns, 1, user_id=1)
+    await server.legacy_register(fcm, 2, user_id=1)
+    await server.legacy_register(ok, 2, user_id=1)
     env.apns.script(apns, ApnsResponse.error("BadDeviceToken"))
     env.fcm.script(fcm, FcmResponse.unregistered())
     status, resp = await server.json(
@@ -199,7 +192,7 @@ async def test_notify_invalid_tokens_deleted(env: Env) -> None:
 )
 async def test_notify_gcm_options(env: Env, options: dict, msg: str) -> None:
     server, _ = await env.ready_server()
-    await _register(server, fcm_token(), 2, user_id=1)
+    await server.legacy_register(fcm_token(), 2, user_id=1)
     status, resp = await server.json(
         "push/notify", {"user_id": 1, "gcm_payload": {"event": "message"}, "gcm_options": options}
     )
@@ -210,8 +203,8 @@ async def test_notify_gcm_options(env: Env, options: dict, msg: str) -> None:
 async def test_test_notification(env: Env) -> None:
     server, _realm = await env.ready_server()
     apns, fcm = apns_token(), fcm_token()
-    await _register(server, apns, 1, user_id=1)
-    await _register(server, fcm, 2, user_id=1)
+    await server.legacy_register(apns, 1, user_id=1)
+    await server.legacy_register(fcm, 2, user_id=1)
     base = {"realm_name": "Example", "realm_uri": "https://chat.example.org", "user_id": 1}
     status, resp = await server.json(
         "push/test_notification",
@@ -276,7 +269,7 @@ async def test_notify_disallowed(env: Env) -> None:
 @pytest.mark.zulip_config(legacy_api=False)
 async def test_legacy_api_off(env: Env) -> None:
     server, realm = await env.ready_server()
-    status, resp = await _register(server, fcm_token(), 2, user_id=1)
+    status, resp = await server.legacy_register(fcm_token(), 2, user_id=1)
     assert (status, resp["msg"]) == (
         400,
         "This push notification service only relays end-to-end encrypted notifications",

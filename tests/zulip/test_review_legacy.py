@@ -8,21 +8,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import select
 
 from gateway.testing import FcmResponse
 from plugins.zulip import repo
 from plugins.zulip.tables import legacy_devices
-from tests.zulip.conftest import IOS_APP_ID, Env, ZulipServer, apns_token, fcm_token
-
-
-async def _register(server: ZulipServer, token: str, kind: int, **ids: Any) -> tuple[int, dict]:
-    data = {"token": token, "token_kind": str(kind), **{k: str(v) for k, v in ids.items()}}
-    if kind == 1:
-        data["ios_app_id"] = IOS_APP_ID
-    return await server.form("push/register", data)
+from tests.zulip.conftest import Env, apns_token, fcm_token
 
 
 async def _tokens(env: Env) -> list[str]:
@@ -39,7 +31,7 @@ async def test_unregister_with_another_servers_realm_is_refused(env: Env) -> Non
     _, other_realm = await env.ready_server()
     user_uuid = str(uuid.uuid4())
     token = fcm_token()
-    assert (await _register(server, token, 2, user_uuid=user_uuid))[0] == 200
+    assert (await server.legacy_register(token, 2, user_uuid=user_uuid))[0] == 200
     for endpoint, data in (
         ("push/unregister", {"token": token, "token_kind": "2"}),
         ("push/unregister/all", {}),
@@ -64,7 +56,7 @@ async def test_notify_attaches_the_realm_so_gc_collects_its_registrations(db_env
     server, realm = await env.ready_server()
     user_uuid = str(uuid.uuid4())
     token = fcm_token()
-    assert (await _register(server, token, 2, user_id=5, user_uuid=user_uuid))[0] == 200
+    assert (await server.legacy_register(token, 2, user_id=5, user_uuid=user_uuid))[0] == 200
     status, resp = await server.json(
         "push/notify",
         {
@@ -93,7 +85,7 @@ async def test_notify_does_not_attach_another_servers_realm(env: Env) -> None:
     _, other_realm = await env.ready_server()
     user_uuid = str(uuid.uuid4())
     token = fcm_token()
-    await _register(server, token, 2, user_uuid=user_uuid)
+    await server.legacy_register(token, 2, user_uuid=user_uuid)
     status, resp = await server.json(
         "push/notify", {"user_uuid": user_uuid, "realm_uuid": other_realm}
     )
@@ -110,9 +102,9 @@ async def test_token_invalid_on_one_server_is_reported_to_the_other(env: Env) ->
     server_a, _ = await env.ready_server()
     server_b, _ = await env.ready_server()
     shared, apple = fcm_token(), apns_token()
-    await _register(server_a, shared, 2, user_id=1)
-    await _register(server_b, shared, 2, user_id=1)
-    await _register(server_b, apple, 1, user_id=1)
+    await server_a.legacy_register(shared, 2, user_id=1)
+    await server_b.legacy_register(shared, 2, user_id=1)
+    await server_b.legacy_register(apple, 1, user_id=1)
     status, body = await server_a.form(
         "push/unregister", {"token": apple, "token_kind": "1", "user_id": "1"}
     )
