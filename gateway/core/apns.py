@@ -179,13 +179,14 @@ class _Request(NotificationRequest):
         push: Push,
         body: bytes,
         push_type: str | None,
+        priority: int | None,
     ) -> None:
         opts = push.apns
         super().__init__(
             device_token=push.token,
             message=push.payload,  # type: ignore[arg-type]  # unused: `body` is sent
             notification_id=push.id,
-            priority=opts.priority,
+            priority=priority,
             collapse_key=opts.collapse_id,
             apns_topic=opts.topic,
         )
@@ -836,7 +837,26 @@ class ApnsClient:
             return None, _refusal(Reason.INVALID_PAYLOAD, "apns-priority must be 1, 5 or 10")
         if opts.expiration is not None and opts.expiration < 0:
             return None, _refusal(Reason.INVALID_PAYLOAD, "apns-expiration must not be negative")
-        return _Request(push, body, push_type), None
+        priority = opts.priority
+        if priority in (None, 10) and _is_background(push_type, payload):
+            # Apple: 10 (also what an omitted header means) is an error for a background
+            # push, which the device then never delivers to the app.
+            priority = 5
+        return _Request(push, body, push_type, priority), None
+
+
+def _is_background(push_type: str | None, payload: Mapping[str, Any]) -> bool:
+    """A background push: so declared, or, without a push-type header, an `aps` that only
+    asks to wake the app (content-available, no alert, badge or sound), which is how
+    APNs infers the type."""
+    if push_type is not None:
+        return push_type == "background"
+    aps = payload.get("aps")
+    return (
+        isinstance(aps, Mapping)
+        and bool(aps.get("content-available"))
+        and not any(key in aps for key in ("alert", "badge", "sound"))
+    )
 
 
 def _is_header_value(value: str) -> bool:

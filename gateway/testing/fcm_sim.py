@@ -71,7 +71,7 @@ _MESSAGING_SCOPES = frozenset(
     }
 )
 _RESERVED_KEYS = frozenset({"from", "message_type"})
-_TTL_RE = re.compile(r"\d+(\.\d+)?s")
+_TTL_RE = re.compile(r"\d+(\.\d{1,9})?s")  # protobuf JSON Duration: at most 9 fractional digits
 _MAX_TTL_SECONDS = 2_419_200.0
 _TOKEN_DATA_LIMIT = 4096
 _TOPIC_DATA_LIMIT = 2048
