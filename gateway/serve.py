@@ -385,18 +385,14 @@ def _prepare_database(loaded: LoadedGateway) -> None:
 
 
 def _check_database(loaded: LoadedGateway) -> None:
-    """Fail in one line (DatabaseError, ConfigError) now when the database does not answer."""
-    from gateway.cli import database_errors, open_configured_store
+    """Fail in one line (DatabaseError, ConfigError) now when the database does not answer
+    or is not at head, as the other commands do with `store.auto_upgrade` off: a node
+    started before `pushgw db upgrade` ran would serve 500s on the missing tables."""
+    from gateway.cli import opened_store
 
     async def check() -> None:
-        store = open_configured_store(loaded)
-        try:
-            with database_errors(store.url):
-                async with store.engine.connect():
-                    pass
-        finally:
-            await store.close()
-            loaded.runtime.store = None
+        async with opened_store(loaded, migrate=False):
+            pass
 
     asyncio.run(check())
 

@@ -26,7 +26,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -176,15 +176,33 @@ def _abandoned(path: Path, pid: int) -> bool:
     return False
 
 
-def _recover_one(path: Path, file_format: ReceiptsFormat) -> ReceiptsFormat | None:
+@contextlib.contextmanager
+def _claimed(path: Path) -> Iterator[bool]:
+    """Whether this process alone holds `path` now (an exclusive `flock`, until the end
+    of the block): its writer holds it while writing (`RollingFile`), and whoever
+    publishes it holds it meanwhile. FileNotFoundError when it is gone.
+
+    The pid in a file's name is not enough to tell a live writer: a node in another
+    container (pid namespace) on the same volume has a pid that is not running here,
+    or ours. The lock is the kernel's, released when its holder dies, whatever its pid.
+    """
     with path.open("rb") as claim:
-        # Workers of `serve --workers N` start together: one of them recovers a file.
         try:
             fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            yield False  # written, or being published, by another process
+            return
+        # Published by another process between our open and our lock: a new file may
+        # have its name (or none has).
+        yield os.fstat(claim.fileno()).st_ino == path.stat().st_ino
+
+
+def _recover_one(path: Path, file_format: ReceiptsFormat) -> ReceiptsFormat | None:
+    # Workers of `serve --workers N` start together: one of them recovers a file; and a
+    # file whose writer still runs (in another pid namespace) is locked by it.
+    with _claimed(path) as claimed:
+        if not claimed:
             return None
-        if os.fstat(claim.fileno()).st_ino != path.stat().st_ino:
-            return None  # recovered by another worker between our open and our lock
         published = finish(path, file_format)
     log.info("receipts: recovered %s, left by a process that no longer runs", path.name)
     return published
@@ -305,6 +323,12 @@ class RollingFile:
                 os.close(fd)
                 path.unlink()
                 continue
+            try:
+                # Held while we write it: recovery elsewhere leaves it alone (`_claimed`).
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)  # a recovery claimed it, empty: it removes it
+                continue
             break
         self._fd = fd
         self._path = path
@@ -327,7 +351,12 @@ class RollingFile:
         for path in list(self.unpublished):
             published = None
             try:
-                published = self._publish(path, self.file_format)
+                with _claimed(path) as claimed:
+                    # Not claimed: another process publishes it (a recovery that took
+                    # it for a crashed writer's, as the lock is let go between our
+                    # write and this claim).
+                    if claimed:
+                        published = self._publish(path, self.file_format)
             except FileNotFoundError:
                 pass  # published by hand meanwhile
             except OSError as exc:

@@ -8,6 +8,7 @@ revisions only: the core's base branch plus one branch per plugin.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from sqlalchemy.ext.asyncio import (
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 CORE_BRANCH = "core"
 PING_TIMEOUT = 5.0  # seconds /readyz waits for the database
+# PostgreSQL advisory lock key that serialises migrations of one database by several
+# gateway processes (migrations/env.py): the first 8 bytes of sha256(b"pushgw migrations").
+MIGRATION_LOCK = int.from_bytes(hashlib.sha256(b"pushgw migrations").digest()[:8], signed=True)
 
 metadata = MetaData()
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from gateway.core.store import create_engine
+from gateway.core.store import MIGRATION_LOCK, create_engine
 
 
 def _run(connection: Connection) -> None:
+    if connection.dialect.name == "postgresql":
+        # Gateway nodes sharing the database start together: one migrates at a time.
+        # Held until this transaction (every revision of the run) commits or rolls back;
+        # the next one then reads the versions it left, and has nothing to apply twice.
+        # Taken before Alembic looks: the migrations then run in this transaction.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
     context.configure(connection=connection, render_as_batch=True)
     with context.begin_transaction():
         context.run_migrations()
