@@ -161,16 +161,27 @@ class UnreadableBodyFilter(logging.Filter):
     body); aiohttp then drains the body to keep the connection, meets the same error
     again and logs it as if it were a bug of ours (aio-libs/aiohttp#1918). A client's
     mistake is an INFO line, never a traceback.
+
+    Likewise a request that aiohttp's parser refuses (a bad method, a header line too long,
+    bytes that are not HTTP): aiohttp answers 400 and logs "Error handling request" as an
+    ERROR traceback, some twenty lines per hostile connection. One INFO line instead,
+    naming the kind of error only: its message quotes the request line (a token in a path).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
         from aiohttp.web import RequestPayloadError
 
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, RequestPayloadError):
             record.msg, record.args = "a request body could not be read: connection closed", ()
-            record.exc_info = record.exc_text = None
-            record.levelno, record.levelname = logging.INFO, "INFO"
+        elif isinstance(error, HttpProcessingError):
+            record.msg = "a request could not be parsed (%s): answered 400"
+            record.args = (type(error).__name__,)
+        else:
+            return True
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.INFO, "INFO"
         return True
 
 

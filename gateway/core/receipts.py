@@ -574,7 +574,9 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> None:
 
 
 def _retry_delay(failures: int) -> float:
-    return min(_RETRY_CAP, _RETRY_BASE * 2 ** (failures - 1))
+    # The exponent is capped: past 2 ** 1023 the float conversion overflows, and a disk
+    # full for ~3 h (1,025 failures, every 10 s) killed the writer with OverflowError.
+    return min(_RETRY_CAP, _RETRY_BASE * 2 ** min(failures - 1, 64))
 
 
 def _why(error: BaseException) -> str:

@@ -6,7 +6,7 @@ import base64
 import binascii
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 from plugins.zulip.errors import ZulipError, unauthorized
 
@@ -38,22 +38,28 @@ class RateLimiter:
     """At most `limit` requests per `window` seconds per key (exact sliding window).
 
     In memory, per gateway process: with several workers each enforces its own window.
+    At most `max_keys` keys are remembered, least recently seen first out: a key whose
+    window is over goes first (forgetting it changes nothing), and beyond `max_keys` the
+    least recently seen key goes whatever its window (it starts a fresh one if it comes
+    back). A key that keeps coming is never the least recently seen one.
     """
 
     def __init__(self, limit: int, window: float, max_keys: int = 100_000) -> None:
         self.limit = limit
         self.window = window
         self.max_keys = max_keys
-        self._hits: dict[str, deque[float]] = {}
+        # Least recently seen first: a hit moves its key to the end.
+        self._hits: OrderedDict[str, deque[float]] = OrderedDict()
 
     def hit(self, key: str, now: float | None = None) -> float | None:
         """Record a request; None when allowed, else the seconds until one is allowed."""
         now = time.monotonic() if now is None else now
         hits = self._hits.get(key)
         if hits is None:
-            if len(self._hits) >= self.max_keys:
-                self._prune(now)
+            self._make_room(now)
             hits = self._hits[key] = deque()
+        else:
+            self._hits.move_to_end(key)
         horizon = now - self.window
         while hits and hits[0] <= horizon:
             hits.popleft()
@@ -62,10 +68,17 @@ class RateLimiter:
         hits.append(now)
         return None
 
-    def _prune(self, now: float) -> None:
+    def _make_room(self, now: float) -> None:
+        """Before a new key: forget the least recently seen keys while their window is
+        over, or while `max_keys` are remembered. Each key is forgotten once: amortised
+        O(1) per new key (an O(n) scan per new key, once full, was a CPU sink)."""
         horizon = now - self.window
-        for key in [k for k, v in self._hits.items() if not v or v[-1] <= horizon]:
-            del self._hits[key]
+        keys = self._hits
+        while keys:
+            oldest = next(iter(keys.values()))
+            if len(keys) < self.max_keys and oldest and oldest[-1] > horizon:
+                break
+            keys.popitem(last=False)
 
 
 def rate_limited(retry_after: float) -> ZulipError:
