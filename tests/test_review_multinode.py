@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import socket
@@ -15,7 +16,7 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from gateway.core.store import Store
+from gateway.core.store import Store, migration_lock_path
 from tests.conftest import SAMPLE_PLUGIN_DIR, install_plugin_dist
 
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
@@ -138,6 +139,70 @@ async def test_nodes_migrating_at_once_both_start(
     finally:
         await store.close()
         await monitor_store.close()
+
+
+def flock_waiters(path: Path) -> int:
+    """Processes waiting for an exclusive `flock` of `path`, as the kernel lists them
+    (`/proc/locks`: a waiter's line has `->`; the file is `major:minor:inode`)."""
+    inode = path.stat().st_ino
+    count = 0
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and fields[2] == "FLOCK" and fields[6].endswith(f":{inode}"):
+            count += 1
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks")
+async def test_commands_migrating_one_sqlite_database_at_once_take_turns(tmp_path: Path) -> None:
+    """Two processes migrating one new SQLite database (`serve` and a cron command with
+    `store.auto_upgrade`, say) take turns on a lock next to it and both succeed.
+
+    The moment is made certain: the test holds the lock, as a migration in progress
+    would, until both wait for it (the kernel lists them). Before, nothing made them
+    wait: each created the tables, and one failed (`table ... already exists`).
+    """
+    url = f"sqlite+aiosqlite:///{tmp_path / 'pushgw.db'}"
+    lock_path = migration_lock_path(url)
+    assert lock_path is not None
+    env = node_env(url, tmp_path / "site")
+    with lock_path.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        procs = [
+            subprocess.Popen(
+                [*PUSHGW, "db", "upgrade"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for _ in range(2)
+        ]
+        try:
+            deadline = asyncio.get_running_loop().time() + WAIT
+            while flock_waiters(lock_path) < 2:
+                for proc in procs:
+                    if proc.poll() is not None:
+                        out, err = proc.communicate()
+                        pytest.fail(f"a command ended before it waited: {out} {err}")
+                if asyncio.get_running_loop().time() > deadline:
+                    pytest.fail("the commands did not come to wait for the lock")
+                await asyncio.sleep(0.05)
+            fcntl.flock(held, fcntl.LOCK_UN)
+            results = [proc.communicate(timeout=WAIT) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+    for proc, (out, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err
+        assert out.startswith("database at head (sqlite)"), out
+    store = Store(url)
+    try:
+        assert {"pushgw_invalid_tokens", "zulip_servers", "sample_invalid"} <= await tables(store)
+    finally:
+        await store.close()
 
 
 # --- a node that does not migrate (store.auto_upgrade: false) --------------------------

@@ -8,8 +8,10 @@ revisions only: the core's base branch plus one branch per plugin.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +123,38 @@ def upgrade(url: str, version_locations: Sequence[str] = (), known: Sequence[str
     """Synchronous entry point (Alembic's command API is synchronous)."""
     extra = [d for d in known if d not in version_locations]
     cfg = alembic_config(url, [*version_locations, *extra])
-    for head in branch_heads(cfg, version_locations):
-        command.upgrade(cfg, head)
+    with sqlite_migration_lock(url):
+        for head in branch_heads(cfg, version_locations):
+            command.upgrade(cfg, head)
+
+
+def migration_lock_path(url: str) -> Path | None:
+    """The file that serialises migrations of a SQLite database file; None for an
+    in-memory database or another dialect (PostgreSQL: an advisory lock, env.py)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(f"{parsed.database}.migrate-lock")
+
+
+@contextlib.contextmanager
+def sqlite_migration_lock(url: str) -> Iterator[None]:
+    """Held while the migrations of a SQLite database run: `pushgw serve` and a command
+    with `store.auto_upgrade` (a cron `tokens retire`, say) starting together on a new
+    database both created the tables, and one failed (`table ... already exists`).
+
+    An exclusive `flock` on a file next to the database, waited for as long as the
+    other's migrations take (SQLite's own busy timeout would give up after 5 s); the
+    one who comes second finds the database at head.
+    """
+    path = migration_lock_path(url)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def branch_heads(cfg: AlembicConfig, version_locations: Sequence[str]) -> list[str]:
