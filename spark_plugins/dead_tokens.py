@@ -49,11 +49,17 @@ from spark_plugins.jobs import (
     with_sql_conf,
 )
 from spark_plugins.output import ensure_dir, join, write_result, write_single
-from spark_plugins.reader import MAX_BAD_LINES, STATUSES, read_receipts, report_bad_input
+from spark_plugins.reader import (
+    MAX_BAD_LINES,
+    STATUSES,
+    TS_MAX,
+    read_receipts,
+    report_bad_input,
+)
 from spark_plugins.session import BYPASS_PARTIAL_AGGREGATION, OBJECT_HASH_GROUPS
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 NAME = "dead-tokens"
 FILE = "dead-tokens.jsonl"
@@ -102,6 +108,7 @@ OPTIONS = (
         None,
         "end of the window, unix seconds (default: newest receipt, or now if earlier)",
         minimum=0,
+        maximum=TS_MAX,  # receipts' range
     ),
     MAX_BAD_LINES,
     JobOption(
@@ -184,7 +191,10 @@ def decide(tokens: DataFrame, end: float, options: Mapping[str, Any]) -> DataFra
         with_facts.filter(permanent | streaky)
         .select(
             *KEYS,
-            F.when(permanent, F.col("perm_reason")).otherwise(F.lit(STREAK_REASON)).alias("reason"),
+            # a provider's reason as written, but a control character as a space
+            F.when(permanent, F.regexp_replace(F.col("perm_reason"), CONTROL, " "))
+            .otherwise(F.lit(STREAK_REASON))
+            .alias("reason"),
             F.when(permanent, F.col("perm_n")).otherwise(F.col("streak_n")).alias("failures"),
             F.col("last_seen").cast("decimal(20,6)").alias("last_seen"),
         )
@@ -193,6 +203,32 @@ def decide(tokens: DataFrame, end: float, options: Mapping[str, Any]) -> DataFra
 
 
 SORT = ["plugin", "app_id", "token_hash", "provider"]
+
+# What `pushgw tokens retire` accepts on a line (gateway.dead_tokens.DeadToken). Receipts
+# are semi-trusted input: a forged or damaged one may name a token with a hash that is
+# no HMAC-SHA256, an empty plugin or app, control characters, an unknown provider. Such
+# a token is counted (`tokens_not_retirable`), not written: the command refuses a whole
+# file for one line it cannot take, and would then retire nothing.
+PROVIDERS = ("apns", "fcm")  # gateway.core.push.ProviderKind
+CONTROL = "\\p{Cntrl}"  # Java regex: [\x00-\x1f\x7f], what DeadToken's text refuses
+
+
+def retirable() -> Column:
+    """True for a row of `decide` that `pushgw tokens retire` accepts."""
+    from pyspark.sql import functions as F
+
+    def text(name: str) -> Column:
+        value = F.col(name)
+        return (F.length(value) > 0) & ~value.rlike(CONTROL)
+
+    provider = F.col("provider")
+    hash_like = F.col("token_hash").rlike("^[0-9a-f]{64}\\z")  # \z, not $: no final newline
+    return (
+        text("plugin")
+        & text("app_id")
+        & hash_like
+        & (provider.isNull() | provider.isin(*PROVIDERS))
+    )
 
 
 def default_window_end(newest: float | None, wall_clock: float) -> float:
@@ -240,13 +276,23 @@ def run(
         dead = decide(tokens, float(end), options).persist(StorageLevel.MEMORY_AND_DISK)
         ensure_dir(spark, out_dir)
         path = write_single(
-            dead.coalesce(1).sortWithinPartitions(*SORT),
+            dead.filter(retirable()).coalesce(1).sortWithinPartitions(*SORT),
             join(out_dir, FILE),
             "json",
             {"ignoreNullFields": "false"},
         )
-        counts = dead.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()
-        by_reason = {row["reason"]: row["n"] for row in counts}
+        counts = (
+            dead.groupBy("reason", retirable().alias("ok"))
+            .agg(F.count(F.lit(1)).alias("n"))
+            .collect()
+        )
+        by_reason: dict[str, int] = {}
+        not_retirable = 0
+        for row in counts:
+            if row["ok"]:
+                by_reason[row["reason"]] = by_reason.get(row["reason"], 0) + row["n"]
+            else:
+                not_retirable += row["n"]
         dead.unpersist()
     finally:
         tokens.unpersist()
@@ -255,6 +301,7 @@ def run(
         "tokens_seen": int(newest[1]) if newest else 0,
         "tokens_retired": sum(by_reason.values()),
         "by_reason": by_reason,
+        "tokens_not_retirable": not_retirable,
         "window_end": end,
     }
     return write_result(spark, out_dir, result, started)

@@ -55,6 +55,7 @@ from spark_plugins.jobs import (
 from spark_plugins.output import (
     ensure_dir,
     join,
+    remove_file,
     write_bytes,
     write_result,
     write_table,
@@ -329,6 +330,9 @@ def run(
         result.outputs["chart.png"] = write_bytes(spark, join(out_dir, "chart.png"), png)
         page = render.report_html(hourly, summary, result, png)
         result.outputs["index.html"] = write_bytes(spark, join(out_dir, "index.html"), page)
+    else:  # an earlier run's chart and page in this --out would pass for this run's
+        for name in ("chart.png", "index.html"):
+            remove_file(spark, join(out_dir, name))
     return write_result(spark, out_dir, result, started)
 
 

@@ -104,6 +104,19 @@ def write_bytes(spark: SparkSession, path: str, data: bytes) -> str:
     return path
 
 
+def remove_file(spark: SparkSession, path: str) -> None:
+    """Remove the file `path` if it exists: an output an earlier run into the same
+    directory wrote and this run does not (it would pass for this run's)."""
+    if is_local(path):
+        local = arg_path(path)
+        if os.path.isfile(local) or os.path.islink(local):
+            os.remove(local)
+        return
+    fs, jpath = _fs(spark, path)
+    if fs.isFile(jpath):
+        fs.delete(jpath, False)
+
+
 def strict_json(obj: Any) -> Any:
     """`obj` with every float that JSON has no word for (NaN, Infinity) as None."""
     if isinstance(obj, float) and not math.isfinite(obj):

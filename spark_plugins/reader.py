@@ -135,6 +135,61 @@ def receipts_problem(path: str) -> str | None:
         return f"receipts path is not a directory: {path}"
     if not os.access(local, os.R_OK | os.X_OK):
         return f"receipts directory is not readable: {path}"
+    twice = _reached_twice(local)
+    if twice:
+        return f"receipts directory {path}: {twice}"
+    return None
+
+
+def _spark_skips(name: str) -> bool:
+    """Whether Spark's file listing leaves out a file or directory of this name (Spark's
+    `HadoopFSUtils.shouldFilterOutPathName`): hidden and `_`-prefixed names."""
+    return (name.startswith("_") and "=" not in name) or name.startswith(".")
+
+
+def _reached_twice(root: str) -> str | None:
+    """A directory Spark's recursive listing would reach twice through a symbolic link,
+    in words, or None. Spark follows links to directories: a link back up the tree
+    (`current -> .`) has it read every file below once per level until the path is too
+    long, and a second route to a directory reads its files twice; every count of every
+    job would be that many times too large. A link to a receipts file read anyway is the
+    same: that file read twice."""
+    seen: dict[str, str] = {}
+    files: dict[str, str] = {}  # real path of each receipts file -> as listed
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        real = os.path.realpath(directory)
+        if real in seen:
+            return (
+                f"{directory} is {seen[real]} again (a symbolic link leads there): "
+                "its receipts would be read twice"
+            )
+        seen[real] = directory
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:  # unreadable below the top: Spark's listing reports it
+            continue
+        for entry in sorted(entries, key=lambda e: e.name, reverse=True):
+            if _spark_skips(entry.name):
+                continue
+            listed = os.path.join(directory, entry.name)
+            try:
+                if entry.is_dir():  # through a link too, as Spark lists it
+                    stack.append(listed)
+                    continue
+                if not entry.name.endswith((".jsonl", ".parquet")):
+                    continue
+                file = os.path.realpath(listed) if entry.is_symlink() else None
+            except OSError:
+                continue
+            file = file or os.path.join(real, entry.name)
+            if file in files:
+                return (
+                    f"{listed} and {files[file]} are the same file (a symbolic link): "
+                    "its receipts would be read twice"
+                )
+            files[file] = listed
     return None
 
 

@@ -6,7 +6,7 @@ import base64
 import html
 import io
 import math
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from spark_plugins.reader import TS_MAX, TS_MIN
@@ -53,6 +53,26 @@ def _col(rows: list[dict[str, Any]], name: str, scale: float = 1.0) -> list[floa
     return [_plotted(r.get(name), scale) for r in rows]
 
 
+_ONE_HOUR = timedelta(hours=1)
+
+
+def _broken_at_gaps(
+    hours: list[datetime], values: list[float]
+) -> tuple[list[datetime], list[float]]:
+    """A line's points with a gap (NaN, which matplotlib does not join) after each hour
+    whose next row is more than an hour later: hours without receipts have no row, and
+    a line drawn straight across them would show values those hours never had."""
+    xs: list[datetime] = []
+    ys: list[float] = []
+    for i, (hour, value) in enumerate(zip(hours, values, strict=True)):
+        xs.append(hour)
+        ys.append(value)
+        if i + 1 < len(hours) and hours[i + 1] - hour > _ONE_HOUR:
+            xs.append(hour + _ONE_HOUR)
+            ys.append(math.nan)
+    return xs, ys
+
+
 def chart_png(hourly: list[dict[str, Any]]) -> bytes:
     """Three panels over time: volume (ok / failed), success rate, latency p50/p95/p99."""
     import matplotlib
@@ -62,18 +82,22 @@ def chart_png(hourly: list[dict[str, Any]]) -> bytes:
 
     fig, (vol, rate, lat) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
     placed = [(hour, r) for r in hourly if (hour := _hour(r.get("hour"))) is not None]
+    placed.sort(key=lambda hour_row: hour_row[0])
     if placed:
         hours = [hour for hour, _ in placed]
         rows = [r for _, r in placed]
         ok = _col(rows, "ok")
         failed = [_plotted(t - o) for t, o in zip(_col(rows, "total"), ok, strict=True)]
-        # One hour wide, no edge, no antialiasing: hundreds of bars a few pixels wide
-        # otherwise show irregular white seams between them.
-        bars = {"width": 1 / 24, "linewidth": 0, "antialiased": False}
+        # One hour wide from the hour's start (a bar covers its hour), no edge, no
+        # antialiasing: hundreds of bars a few pixels wide otherwise show irregular white
+        # seams between them.
+        bars = {"width": 1 / 24, "align": "edge", "linewidth": 0, "antialiased": False}
         vol.bar(hours, ok, color="#4c9a2a", label="ok", **bars)
         vol.bar(hours, failed, bottom=ok, color="#c0392b", label="not ok", **bars)
         vol.legend(loc="upper left")
-        rate.plot(hours, _col(rows, "success_rate", 100), marker=".", color="#1f77b4")
+        rate.plot(
+            *_broken_at_gaps(hours, _col(rows, "success_rate", 100)), marker=".", color="#1f77b4"
+        )
         rate.set_ylim(0, 101)
         for column, colour in (
             ("latency_p50", "#2ca02c"),
@@ -81,8 +105,7 @@ def chart_png(hourly: list[dict[str, Any]]) -> bytes:
             ("latency_p99", "#d62728"),
         ):
             lat.plot(
-                hours,
-                _col(rows, column),
+                *_broken_at_gaps(hours, _col(rows, column)),
                 marker=".",
                 color=colour,
                 label=column.removeprefix("latency_"),

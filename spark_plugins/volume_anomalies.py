@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_plugins.jobs import JAVA_INT_MAX, JobOption, JobResult, OptionError, SparkJob
 from spark_plugins.output import ensure_dir, write_result, write_table
-from spark_plugins.reader import MAX_BAD_LINES, read_receipts, report_bad_input
+from spark_plugins.reader import MAX_BAD_LINES, TS_MAX, read_receipts, report_bad_input
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -113,6 +113,7 @@ OPTIONS = (
         None,
         "hours ending after this unix time are incomplete (default: newest receipt)",
         minimum=0,
+        maximum=TS_MAX,  # receipts' range: beyond, hours overflow a long
     ),
     MAX_BAD_LINES,
 )
