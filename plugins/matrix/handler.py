@@ -86,6 +86,39 @@ class _RequestSlots:
             app.inflight -= 1
 
 
+@dataclass
+class _DeviceLog:
+    """The log lines of one notify request's devices: the first `limit` as they come,
+    then one line counting the rest (`summarise`).
+
+    The endpoint has no authentication (as Sygnal's), and one body of `max_body_bytes`
+    holds thousands of devices: a line per device of an unknown app made one request
+    thousands of log lines. Synapse sends one device per request, so its lines are
+    all logged.
+    """
+
+    limit: int = 10
+    written: int = 0
+    left_out: int = 0
+
+    def __call__(self, level: int, message: str, *args: object) -> None:
+        if not log.isEnabledFor(level):
+            return  # a line not written anyway takes no place of one that is
+        if self.written < self.limit:
+            self.written += 1
+            log.log(level, message, *args)
+        else:
+            self.left_out += 1
+
+    def summarise(self, devices: int) -> None:
+        if self.left_out:
+            log.warning(
+                "notify request of %d devices: %d more device messages not logged",
+                devices,
+                self.left_out,
+            )
+
+
 def outcome_of(receipt: Receipt) -> Result:
     """Map the core's final receipt to what the homeserver is told (§3, §4)."""
     if receipt.outcome is Outcome.OK:
@@ -169,14 +202,19 @@ class MatrixFrontend:
         deadline = time.monotonic() + self.config.notify_deadline
         devices = notification.devices
         slots = _RequestSlots()
+        note = _DeviceLog()
         if len(devices) == 1:
             results: Iterable[Result] = [
-                await self._device(notification, devices[0], 0, deadline, slots)
+                await self._device(notification, devices[0], 0, deadline, slots, note)
             ]
         else:
             results = await asyncio.gather(
-                *(self._device(notification, d, i, deadline, slots) for i, d in enumerate(devices))
+                *(
+                    self._device(notification, d, i, deadline, slots, note)
+                    for i, d in enumerate(devices)
+                )
             )
+        note.summarise(len(devices))
         rejected = []
         for device, result in zip(devices, results, strict=True):
             if result is Result.FAILED:
@@ -216,12 +254,18 @@ class MatrixFrontend:
     # --- one device ------------------------------------------------------------------
 
     async def _device(
-        self, n: Notification, device: Device, index: int, deadline: float, slots: _RequestSlots
+        self,
+        n: Notification,
+        device: Device,
+        index: int,
+        deadline: float,
+        slots: _RequestSlots,
+        note: _DeviceLog,
     ) -> Result:
         route = self.router.route(device.app_id)
         if route.app is None:
             assert route.error is not None
-            log.warning("device %d: %s, pushkey rejected", index, route.error.value)
+            note(logging.WARNING, "device %d: %s, pushkey rejected", index, route.error.value)
             return Result.REJECTED
         app = self.apps[route.app]
         if self.sygnal:
@@ -229,7 +273,7 @@ class MatrixFrontend:
         try:
             planned = plan(n, device, app.config)
             if planned is None:
-                log.debug("device %d: nothing to send for app %s", index, app.name)
+                note(logging.DEBUG, "device %d: nothing to send for app %s", index, app.name)
                 return Result.ACCEPTED
             token = (
                 apns_token(device.pushkey, app.config.convert_device_token_to_hex)
@@ -237,10 +281,10 @@ class MatrixFrontend:
                 else device.pushkey
             )
         except PayloadRejected as exc:
-            log.warning("device %d, app %s: pushkey rejected: %s", index, app.name, exc)
+            note(logging.WARNING, "device %d, app %s: pushkey rejected: %s", index, app.name, exc)
             return Result.REJECTED
         if not slots.take(app):
-            log.warning("app %s: inflight_request_limit reached, dropping", app.name)
+            note(logging.WARNING, "app %s: inflight_request_limit reached, dropping", app.name)
             if self.sygnal:
                 self.metrics.inflight_drop(app.name).inc()
             return Result.FAILED
@@ -249,15 +293,26 @@ class MatrixFrontend:
                 self.metrics.msc3013_encrypted(app.name).inc()
             if planned.oversize:
                 self.metrics.msc3013_oversize(app.name).inc()
-                log.warning("app %s: MSC3013 payload too large, ciphertext omitted", app.name)
+                note(
+                    logging.WARNING,
+                    "app %s: MSC3013 payload too large, ciphertext omitted",
+                    app.name,
+                )
             receipt = await self._send(app, token, planned, deadline)
         finally:
             slots.release(app)
         result = outcome_of(receipt)
         if result is Result.REJECTED:
-            log.info("device %d, app %s: pushkey rejected (%s)", index, app.name, receipt.reason)
+            note(
+                logging.INFO,
+                "device %d, app %s: pushkey rejected (%s)",
+                index,
+                app.name,
+                receipt.reason,
+            )
         elif result is Result.FAILED:
-            log.warning(
+            note(
+                logging.WARNING,
                 "device %d, app %s: delivery failed: %s %s after %d attempt(s)",
                 index,
                 app.name,

@@ -164,3 +164,36 @@ async def test_fitting_sound_still_sent(post: Post, apns: ApnsSimulator) -> None
     assert await post(body) == (200, {"rejected": []})
     payload = apns.requests[0].json
     assert payload is not None and payload["aps"]["sound"] == "ping.caf"
+
+
+# --- one request, thousands of devices -------------------------------------------------
+
+
+async def test_a_request_of_thousands_of_unknown_devices_is_not_thousands_of_log_lines(
+    post: Post, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The endpoint has no authentication and one body holds thousands of devices: each
+    rejected device was a WARNING line, so one request wrote thousands. The first few
+    are logged as they come, the rest counted in one line; every pushkey is still
+    rejected in the answer."""
+    devices = [device(f"made.up.{i}", f"key{i}") for i in range(3_000)]
+    with caplog.at_level("INFO", logger="plugins.matrix"):
+        status, answer = await post(notification(devices))
+    assert status == 200
+    assert len(answer["rejected"]) == 3_000
+    lines = [r for r in caplog.records if r.name == "plugins.matrix"]
+    assert len(lines) <= 11
+    assert sum("pushkey rejected" in r.getMessage() for r in lines) == 10
+    assert lines[-1].getMessage() == (
+        "notify request of 3000 devices: 2990 more device messages not logged"
+    )
+
+
+async def test_a_single_device_request_logs_its_line(
+    post: Post, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What Synapse sends (one device per request) is logged as before: no summary line."""
+    with caplog.at_level("INFO", logger="plugins.matrix"):
+        await post(notification([device("made.up", "key")]))
+    messages = [r.getMessage() for r in caplog.records if r.name == "plugins.matrix"]
+    assert messages == ["device 0: unknown app ID, pushkey rejected"]
