@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from aiohttp import web
-from sqlalchemy import Column, MetaData, String, Table, delete, insert
+from sqlalchemy import Column, MetaData, String, Table
+from sqlalchemy.dialects import postgresql, sqlite
 
 from gateway.api import (
     AppConfig,
@@ -89,13 +90,17 @@ def pushgw_services(context: PluginContext) -> list[Ticker]:
 @hookimpl
 async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> None:
     context.state.setdefault("invalid", []).append(invalid)
-    async with context.store.engine.begin() as conn:  # idempotent: a token may come twice
-        await conn.execute(
-            delete(sample_invalid).where(sample_invalid.c.token_hash == invalid.token_hash)
-        )
-        await conn.execute(
-            insert(sample_invalid).values(token_hash=invalid.token_hash, reason=invalid.reason)
-        )
+    # Idempotent, and safe when two gateway nodes retire the same token at once: one
+    # upsert statement (a delete then an insert raced: both deleted nothing, one insert
+    # failed on the primary key).
+    dialect_insert = postgresql.insert if context.store.dialect == "postgresql" else sqlite.insert
+    upsert = (
+        dialect_insert(sample_invalid)
+        .values(token_hash=invalid.token_hash, reason=invalid.reason)
+        .on_conflict_do_update(index_elements=["token_hash"], set_={"reason": invalid.reason})
+    )
+    async with context.store.engine.begin() as conn:
+        await conn.execute(upsert)
 
 
 async def push_handler(context: PluginContext, request: web.Request) -> web.Response:
