@@ -8,10 +8,11 @@ checked against those records by `test_zz_privacy.py`, which runs last.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,27 @@ def offline_apns_app(directory: Path) -> dict[str, Any]:
         "team_id": key.team_id,
         "topic": "com.example.app",
     }
+
+
+@contextmanager
+def configured_logging(level: str) -> Iterator[io.StringIO]:
+    """`logs.configure(level)` (what `pushgw serve` installs) writing to a buffer; the
+    suite's logging put back after."""
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    saved_quiet = {name: logging.getLogger(name).level for name in logs.QUIET_LOGGERS}
+    logs.configure(level)
+    buffer = io.StringIO()
+    handler = root.handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(buffer)
+    try:
+        yield buffer
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        for name, level_before in saved_quiet.items():
+            logging.getLogger(name).setLevel(level_before)
 
 
 def process_gone(pid: int) -> bool:

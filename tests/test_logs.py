@@ -14,26 +14,14 @@ import sqlalchemy as sa
 from gateway import logs
 from gateway.core.store import create_engine
 from gateway.testing.harness import GatewayHarness, base_config
+from tests.conftest import configured_logging
 
 
 @pytest.fixture
 def debug_stderr() -> Iterator[io.StringIO]:
-    """`logs.configure("DEBUG")` writing to a buffer; the suite's logging put back after."""
-    root = logging.getLogger()
-    saved_handlers, saved_level = root.handlers[:], root.level
-    saved_quiet = {name: logging.getLogger(name).level for name in logs.QUIET_LOGGERS}
-    logs.configure("DEBUG")
-    buffer = io.StringIO()
-    handler = root.handlers[0]
-    assert isinstance(handler, logging.StreamHandler)
-    handler.setStream(buffer)
-    try:
+    """`logs.configure("DEBUG")` writing to a buffer (`configured_logging`)."""
+    with configured_logging("DEBUG") as buffer:
         yield buffer
-    finally:
-        root.handlers[:] = saved_handlers
-        root.setLevel(saved_level)
-        for name, level in saved_quiet.items():
-            logging.getLogger(name).setLevel(level)
 
 
 async def test_debug_level_keeps_sql_parameters_out_of_the_log(

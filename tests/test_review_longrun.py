@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import io
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gateway import logs
 from gateway.config import DeliveryConfig
 from gateway.context import TokenHasher
 from gateway.core import receipts as receipts_module
@@ -32,6 +30,7 @@ from gateway.testing.harness import GatewayHarness, base_config
 from plugins.marmot.limits import KeyedLimiter, LruSet, TtlLru
 from plugins.matrix.routing import AppRouter
 from plugins.zulip.auth import RateLimiter
+from tests.conftest import configured_logging
 from tests.core.test_dispatcher import ScriptedClient, token
 
 # --- receipts: a disk full for hours -------------------------------------------------------
@@ -295,23 +294,9 @@ async def test_http_request_metrics_do_not_grow_with_hostile_paths_methods_and_i
 
 @pytest.fixture
 def production_log() -> Iterator[io.StringIO]:
-    """`logs.configure("INFO")` (what `pushgw serve` installs) writing to a buffer; the
-    suite's logging put back after."""
-    root = logging.getLogger()
-    saved_handlers, saved_level = root.handlers[:], root.level
-    saved_quiet = {name: logging.getLogger(name).level for name in logs.QUIET_LOGGERS}
-    logs.configure("INFO")
-    buffer = io.StringIO()
-    handler = root.handlers[0]
-    assert isinstance(handler, logging.StreamHandler)
-    handler.setStream(buffer)
-    try:
+    """`logs.configure("INFO")` writing to a buffer (`configured_logging`)."""
+    with configured_logging("INFO") as buffer:
         yield buffer
-    finally:
-        root.handlers[:] = saved_handlers
-        root.setLevel(saved_level)
-        for name, level in saved_quiet.items():
-            logging.getLogger(name).setLevel(level)
 
 
 async def test_a_malformed_request_is_one_info_line_not_an_error_traceback(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,37 @@ def node_env(url: str, site: Path, enabled: Sequence[str] = ("zulip", "sample"))
     }
 
 
+@contextlib.contextmanager
+def running_upgrades(env: dict[str, str], count: int = 2) -> Iterator[list[subprocess.Popen[str]]]:
+    """`count` processes running `pushgw db upgrade` at once, as nodes starting together;
+    any still running at the end is killed."""
+    procs = [
+        subprocess.Popen(
+            [*PUSHGW, "db", "upgrade"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(count)
+    ]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def assert_all_at_head(procs: Sequence[subprocess.Popen[str]], dialect: str) -> None:
+    """Each process ends with status 0, saying the database is at head."""
+    for proc in procs:
+        out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, err
+        assert out.startswith(f"database at head ({dialect})"), out
+
+
 async def lock_waiters(conn: AsyncConnection, database: str) -> int:
     """Sessions of other processes on `database` waiting for a lock."""
     result = await conn.execute(
@@ -50,12 +82,12 @@ async def lock_waiters(conn: AsyncConnection, database: str) -> int:
 
 
 async def wait_for_waiters(
-    monitor: AsyncConnection, database: str, count: int, procs: Sequence[subprocess.Popen[str]]
+    waiters: Callable[[], Awaitable[int]], count: int, procs: Sequence[subprocess.Popen[str]]
 ) -> None:
-    """Until `count` sessions on `database` wait for a lock (a condition the database
-    reports: polled); fails at once when a process ended meanwhile."""
+    """Until `count` processes wait for a lock (as the database or the kernel reports
+    them: polled); fails at once when a process ended meanwhile."""
     deadline = asyncio.get_running_loop().time() + WAIT
-    while await lock_waiters(monitor, database) < count:
+    while await waiters() < count:
         for proc in procs:
             if proc.poll() is not None:
                 out, err = proc.communicate()
@@ -105,28 +137,10 @@ async def test_nodes_migrating_at_once_both_start(
                 )
             else:
                 await holder.execute(text("LOCK TABLE alembic_version IN ACCESS EXCLUSIVE MODE"))
-            procs = [
-                subprocess.Popen(
-                    [*PUSHGW, "db", "upgrade"],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env=env,
-                )
-                for _ in range(2)
-            ]
-            try:
-                await wait_for_waiters(monitor, database, 2, procs)
+            with running_upgrades(env) as procs:
+                await wait_for_waiters(lambda: lock_waiters(monitor, database), 2, procs)
                 await holder.rollback()  # the other "node" gave up: both go on
-                results = [proc.communicate(timeout=WAIT) for proc in procs]
-            finally:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.communicate()
-        for proc, (out, err) in zip(procs, results, strict=True):
-            assert proc.returncode == 0, err
-            assert out.startswith("database at head (postgresql)"), out
+                assert_all_at_head(procs, "postgresql")
         assert {
             "alembic_version",
             "pushgw_invalid_tokens",
@@ -141,7 +155,7 @@ async def test_nodes_migrating_at_once_both_start(
         await monitor_store.close()
 
 
-def flock_waiters(path: Path) -> int:
+async def flock_waiters(path: Path) -> int:
     """Processes waiting for an exclusive `flock` of `path`, as the kernel lists them
     (`/proc/locks`: a waiter's line has `->`; the file is `major:minor:inode`)."""
     inode = path.stat().st_ino
@@ -168,36 +182,10 @@ async def test_commands_migrating_one_sqlite_database_at_once_take_turns(tmp_pat
     env = node_env(url, tmp_path / "site")
     with lock_path.open("a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        procs = [
-            subprocess.Popen(
-                [*PUSHGW, "db", "upgrade"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )
-            for _ in range(2)
-        ]
-        try:
-            deadline = asyncio.get_running_loop().time() + WAIT
-            while flock_waiters(lock_path) < 2:
-                for proc in procs:
-                    if proc.poll() is not None:
-                        out, err = proc.communicate()
-                        pytest.fail(f"a command ended before it waited: {out} {err}")
-                if asyncio.get_running_loop().time() > deadline:
-                    pytest.fail("the commands did not come to wait for the lock")
-                await asyncio.sleep(0.05)
+        with running_upgrades(env) as procs:
+            await wait_for_waiters(lambda: flock_waiters(lock_path), 2, procs)
             fcntl.flock(held, fcntl.LOCK_UN)
-            results = [proc.communicate(timeout=WAIT) for proc in procs]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
-    for proc, (out, err) in zip(procs, results, strict=True):
-        assert proc.returncode == 0, err
-        assert out.startswith("database at head (sqlite)"), out
+            assert_all_at_head(procs, "sqlite")
     store = Store(url)
     try:
         assert {"pushgw_invalid_tokens", "zulip_servers", "sample_invalid"} <= await tables(store)
