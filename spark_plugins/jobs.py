@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -257,6 +257,8 @@ class SparkJob:
     - `run(spark, receipts_dir, out_dir, options) -> JobResult`: does the work.
       `receipts_dir` and `out_dir` are paths or Hadoop URIs (`hdfs://`, `s3a://`...);
       `options` holds every declared option, defaults filled in (see `resolve_options`).
+      The runner then prints the skipped lines of `result.input`, sets `result.seconds`
+      and writes `result-<job>.json`, unless the job did (`output.write_result`).
     - `options`: the declared `JobOption`s.
     - `submit_script`: the plain `spark-submit` entry script of the job, if it ships one.
     - `check(options)`: optional, for rules between options (each option's own rules are
@@ -312,16 +314,27 @@ class SparkJob:
         return resolved
 
 
-def collect_jobs(results: Iterable[Any]) -> dict[str, SparkJob]:
-    """Flatten `pushgw_spark_jobs` hook results into name -> job; duplicate names are errors."""
+def collect_jobs(
+    results: Iterable[Any], plugins: Sequence[str] | None = None
+) -> dict[str, SparkJob]:
+    """Flatten `pushgw_spark_jobs` hook results into name -> job; duplicate names are
+    errors, naming both plugins when `plugins` (one name per result) is given."""
     jobs: dict[str, SparkJob] = {}
-    for result in results:
+    owners: dict[str, str] = {}
+    names = list(plugins) if plugins is not None else None
+    for index, result in enumerate(results):
         if result is None:
             continue
+        owner = names[index] if names is not None else ""
         for job in result:
-            if not all(hasattr(job, a) for a in ("name", "description", "run")):
+            if not all(hasattr(job, a) for a in ("name", "description", "run", "options")):
                 raise TypeError(f"not a SparkJob: {job!r}")
             if job.name in jobs:
-                raise ValueError(f"two plugins define the Spark job {job.name!r}")
-            jobs[job.name] = job
+                if names is None:
+                    raise ValueError(f"two plugins define the Spark job {job.name!r}")
+                first, second = sorted((owners[job.name], owner))
+                raise ValueError(
+                    f"plugins {first!r} and {second!r} both define the Spark job {job.name!r}"
+                )
+            jobs[job.name], owners[job.name] = job, owner
     return jobs

@@ -21,21 +21,24 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from spark_plugins.jobs import JobResult, OptionError, SparkJob, collect_jobs
-from spark_plugins.output import out_problem
+from spark_plugins.output import out_problem, write_result
 from spark_plugins.paths import arg_path, is_local, uri_path
-from spark_plugins.reader import receipts_problem
+from spark_plugins.reader import receipts_problem, report_bad_input
 from spark_plugins.session import get_session, spark_problem, under_spark_submit
 
 
 def discover_jobs(extra: dict[str, object] | None = None) -> dict[str, SparkJob]:
     """Every `SparkJob` from every installed plugin (the `pushgw_spark_jobs` hook).
 
-    Plugins that fail to load are skipped with a warning, so one broken third-party
-    package does not hide the other jobs.
+    A plugin that fails to load, whose hook raises, or whose hook returns anything but
+    an iterable of `SparkJob`s is skipped with a one-line warning naming it, so one
+    broken third-party package does not hide the other jobs. A job name two plugins
+    define is a `ValueError` naming both.
     """
     from gateway.plugins import PluginRegistry, installed_plugins
 
@@ -46,7 +49,40 @@ def discover_jobs(extra: dict[str, object] | None = None) -> dict[str, SparkJob]
         else:
             print(f"pushgw spark: skipping plugin {info.name}: {info.error}", file=sys.stderr)
     registry = PluginRegistry(names, extra=extra)
-    return collect_jobs(registry.broadcast("pushgw_spark_jobs"))
+    owners: list[str] = []
+    results: list[list[SparkJob]] = []
+    for name in registry.implementers("pushgw_spark_jobs"):
+        try:
+            returned = registry.call(name, "pushgw_spark_jobs")
+        except Exception as exc:  # a plugin's bug: skipped, said in one line
+            problem = f"its pushgw_spark_jobs hook raised {type(exc).__name__}: {exc}"
+            print(f"pushgw spark: skipping plugin {name}: {problem}", file=sys.stderr)
+            continue
+        try:
+            results.append(_hook_jobs(returned))
+        except TypeError as exc:
+            print(f"pushgw spark: skipping plugin {name}: {exc}", file=sys.stderr)
+            continue
+        owners.append(name)
+    return collect_jobs(results, owners)
+
+
+def _hook_jobs(returned: Any) -> list[SparkJob]:
+    """What one plugin's `pushgw_spark_jobs` hook returned, checked: a list of jobs."""
+    if returned is None:
+        return []
+    if isinstance(returned, SparkJob):
+        raise TypeError("its pushgw_spark_jobs hook returned a SparkJob, not a list of them")
+    try:
+        found = list(returned)
+    except TypeError:
+        raise TypeError(
+            f"its pushgw_spark_jobs hook returned {returned!r}, not a list of SparkJob"
+        ) from None
+    for job in found:
+        if not all(hasattr(job, attr) for attr in ("name", "description", "run", "options")):
+            raise TypeError(f"its pushgw_spark_jobs hook returned {job!r}, not a SparkJob")
+    return found
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,8 +196,13 @@ def run_jobs(
     results: list[JobResult] = []
     try:
         for job in jobs:
+            started = time.monotonic()
             try:
                 result = job.run(spark, receipts, out, options[job.name])
+                if not isinstance(result, JobResult):
+                    kind = "None" if result is None else f"a {type(result).__name__}"
+                    raise JobContractError(f"its run returned {kind}, not a JobResult")
+                finish(spark, out, result, started)
             except (FileNotFoundError, OptionError) as exc:
                 print(f"pushgw spark: {job.name}: {exc}", file=sys.stderr)
                 return 2, results
@@ -177,9 +218,25 @@ def run_jobs(
     return status, results
 
 
+class JobContractError(RuntimeError):
+    """A job's `run` broke the contract of `SparkJob` (it returned no `JobResult`)."""
+
+
+def finish(spark: Any, out: str, result: JobResult, started: float) -> None:
+    """What every job's run ends with, done here for a job that did not do it itself
+    (the built-in jobs call `write_result` at their end): the skipped lines on stderr,
+    the run time and `result-<job>.json` beside the job's outputs."""
+    if f"result-{result.job}.json" in result.outputs:
+        return
+    report_bad_input(result.input)
+    write_result(spark, out, result, started)
+
+
 def failure_text(exc: Exception) -> str:
     """A job's error in one line: its message without the Java stack trace that Py4J
-    appends (`at ...` frames; Spark's log above holds the executors' own)."""
+    appends (`at ...` frames; Spark's log above holds the executors' own). A Python
+    error of the job's own code (`KeyError: 'top'`) is named by its kind, which its
+    message alone often does not say."""
     lines = []
     for line in str(exc).splitlines():
         line = line.strip().lstrip(": ")
@@ -188,7 +245,11 @@ def failure_text(exc: Exception) -> str:
         if line.startswith("at ") or (line.startswith("...") and line.endswith("more")):
             break  # the frames start: what follows is trace, not message
         lines.append(line)
-    return " ".join(lines) or type(exc).__name__
+    text = " ".join(lines)
+    module = type(exc).__module__.split(".")[0]
+    if type(exc) in (Exception, RuntimeError, JobContractError) or module in ("pyspark", "py4j"):
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def print_result(result: JobResult, stream: Any = None) -> None:
