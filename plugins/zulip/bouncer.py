@@ -236,6 +236,7 @@ class Bouncer:
         self.limiter = RateLimiter(self.config.rate_limit_requests, self.config.rate_limit_window)
         self._recent: OrderedDict[tuple[int, int, str], _Sent] = OrderedDict()
         self._background: set[asyncio.Task[Any]] = set()
+        self._server_sends: dict[int, int] = {}  # server id -> sends running
 
     @property
     def engine(self) -> AsyncEngine:
@@ -484,6 +485,7 @@ class Bouncer:
             )
         delete_ids: dict[str, None] = {}
         jobs: list[tuple[str, bool, asyncio.Task[Receipt | None]]] = []
+        not_started = 0
         for req in notify.push_requests:
             device = devices.get(req.token_id_int)
             if device is None:
@@ -492,8 +494,12 @@ class Bouncer:
             push = self._e2ee_push(req, device)
             if push is None:
                 continue
-            task = self._send_once(realm.id, req, device, push)
+            task = self._send_once(server.id, realm.id, req, push)
+            if task is None:  # the server's sends in flight are at their bound: not sent
+                not_started += 1
+                continue
             jobs.append((req.token_id, isinstance(req, ApnsPushRequest), task))
+        self._log_not_started(not_started)
         await self._wait([t for _, _, t in jobs], started)
         apple = android = 0
         for token_id, is_apns, task in jobs:
@@ -514,7 +520,7 @@ class Bouncer:
 
     def _e2ee_push(self, req: ApnsPushRequest | FcmPushRequest, device: DbRow) -> Push | None:
         policy = PushPolicy(deadline=self.config.push_deadline)
-        ref = f"e2ee:{device.id}"
+        ref = "e2ee"
         if isinstance(req, ApnsPushRequest):
             if device.token_kind != repo.APNS_KIND or not device.ios_app_id:
                 return None  # kind mismatch: skipped and not counted (Zulip answers 500)
@@ -531,7 +537,7 @@ class Bouncer:
                     push_type=req.push_type, priority=req.priority, topic=device.ios_app_id
                 ),
                 policy=policy,
-                ref=ref,
+                ref=apns_ref(ref, device.ios_app_id),
             )
         if device.token_kind != repo.FCM_KIND:
             return None
@@ -550,12 +556,13 @@ class Bouncer:
 
     def _send_once(
         self,
+        server_id: int,
         realm_id: int,
         req: ApnsPushRequest | FcmPushRequest,
-        device: DbRow,
         push: Push,
-    ) -> asyncio.Task[Receipt | None]:
-        """Start the send, or join an identical one from the duplicate window."""
+    ) -> asyncio.Task[Receipt | None] | None:
+        """Start the send, or join an identical one from the duplicate window; None when
+        the server has too many sends running (`_start`)."""
         encrypted = (
             req.payload.get("encrypted_data", "")
             if isinstance(req, ApnsPushRequest)
@@ -577,13 +584,44 @@ class Bouncer:
             )
             if not failed:
                 return task
-        task = self._spawn(self._send(push, device, apns=isinstance(req, ApnsPushRequest)))
-        if self.config.duplicate_window > 0:
-            self._recent[key] = _Sent(task, now + self.config.duplicate_window)
+        started = self._start(server_id, push, apns=isinstance(req, ApnsPushRequest))
+        if started is not None and self.config.duplicate_window > 0:
+            self._recent[key] = _Sent(started, now + self.config.duplicate_window)
             self._recent.move_to_end(key)
-        return task
+        return started
 
     # --- shared send machinery -------------------------------------------------------
+
+    def _start(
+        self, server_id: int, push: Push, *, apns: bool
+    ) -> asyncio.Task[Receipt | None] | None:
+        """Start one send of a server, or None while it has `server_in_flight` running.
+
+        Every server's pushes share the plugin's lanes (their queue, slots and breaker):
+        without a bound, one server naming its own token in thousands of push requests
+        fills the queue and the others' pushes are shed.
+        """
+        running = self._server_sends.get(server_id, 0)
+        if running >= self.config.server_in_flight:
+            return None
+        self._server_sends[server_id] = running + 1
+        task = self._spawn(self._send(push, apns=apns))
+        task.add_done_callback(lambda _: self._send_done(server_id))
+        return task
+
+    @staticmethod
+    def _log_not_started(count: int) -> None:
+        if count:
+            log.warning(
+                "zulip: %d pushes of a request not sent: the server has server_in_flight "
+                "sends running",
+                count,
+            )
+
+    def _send_done(self, server_id: int) -> None:
+        running = self._server_sends.pop(server_id, 0) - 1
+        if running > 0:
+            self._server_sends[server_id] = running
 
     def _spawn(self, coro: Awaitable[Receipt | None]) -> asyncio.Task[Receipt | None]:
         task: asyncio.Task[Receipt | None] = asyncio.ensure_future(coro)
@@ -591,7 +629,7 @@ class Bouncer:
         task.add_done_callback(self._background.discard)
         return task
 
-    async def _send(self, push: Push, device: DbRow | None, *, apns: bool) -> Receipt | None:
+    async def _send(self, push: Push, *, apns: bool) -> Receipt | None:
         """Deliver one push (a dead token is expired by the core's token-invalid hook)."""
         try:
             return await self.context.send(push)
@@ -775,15 +813,21 @@ class Bouncer:
                 unattached = [r.id for r in targets if r.realm_id is None]
                 await repo.attach_legacy_realm(conn, unattached, realm.id)
         tasks: list[asyncio.Task[Receipt | None]] = []
+        pushes: list[tuple[Push, bool]] = []
         expiration = int(time.time()) + LEGACY_APNS_EXPIRATION
         for row in apple:
             push = self._legacy_apns_push(row, legacy_apns_body(apns_payload), expiration)
             if push is not None:
-                tasks.append(self._spawn(self._send(push, None, apns=True)))
+                pushes.append((push, True))
         for row in android:
             push = self._legacy_fcm_push(row, legacy_fcm_message(gcm_payload, priority))
             if push is not None:
-                tasks.append(self._spawn(self._send(push, None, apns=False)))
+                pushes.append((push, False))
+        for push, is_apns in pushes:
+            task = self._start(server.id, push, apns=is_apns)
+            if task is not None:
+                tasks.append(task)
+        self._log_not_started(len(pushes) - len(tasks))
         await self._wait(tasks, started)
         remaining: Sequence[DbRow] = ()
         if has_identity:
@@ -814,7 +858,7 @@ class Bouncer:
             payload=body,
             apns=ApnsOptions(push_type=None, expiration=expiration, topic=row.ios_app_id),
             policy=PushPolicy(deadline=self.config.push_deadline),
-            ref="legacy",
+            ref=apns_ref("legacy", row.ios_app_id),
         )
 
     def _legacy_fcm_push(self, row: DbRow, message: dict[str, Any]) -> Push | None:
@@ -879,7 +923,10 @@ class Bouncer:
         else:
             push = self._legacy_fcm_push(device, fcm_test_message(base_payload, int(time.time())))
         if push is not None:
-            await self._wait([self._spawn(self._send(push, None, apns=kind == APNS))], started)
+            task = self._start(server.id, push, apns=kind == APNS)
+            self._log_not_started(task is None)
+            if task is not None:
+                await self._wait([task], started)
         return success()
 
 
@@ -950,8 +997,30 @@ def _notify_response(
     )
 
 
-async def forget_token(engine: AsyncEngine, token: str, *, apns: bool) -> None:
-    """A provider said `token` is dead: expire E2EE rows, delete legacy rows (every server)."""
+def apns_ref(flow: str, topic: str) -> str:
+    """The `ref` of an APNs push: its flow and the `apns-topic` (`ios_app_id`) it went to."""
+    return f"{flow}:{topic}"
+
+
+def topic_of_ref(ref: str | None) -> str | None:
+    """The `apns-topic` an APNs push's `ref` (`apns_ref`) names; None for any other ref."""
+    if ref is None or ":" not in ref:
+        return None
+    return ref.split(":", 1)[1] or None
+
+
+async def forget_token(
+    engine: AsyncEngine, token: str, *, apns: bool, ios_app_id: str | None = None
+) -> None:
+    """A provider said `token` is dead: expire E2EE rows, delete legacy rows (every server).
+
+    With `ios_app_id` (the `apns-topic` of the APNs push that was refused), only the
+    registrations of the token for that app: APNs answers for a (token, topic) pair,
+    and `DeviceTokenNotForTopic` for a topic some server named must not end another
+    server's registrations of the token for the topic it belongs to.
+    """
     async with engine.begin() as conn:
-        await repo.expire_e2ee_by_token(conn, token, apns)
-        await repo.delete_legacy_token(conn, kind=APNS if apns else FCM, token=token, apns=apns)
+        await repo.expire_e2ee_by_token(conn, token, apns, ios_app_id)
+        await repo.delete_legacy_token(
+            conn, kind=APNS if apns else FCM, token=token, apns=apns, ios_app_id=ios_app_id
+        )

@@ -61,6 +61,13 @@ class ZulipConfig(ConfigModel):
     analytics_max_realms: int = Field(
         1000, ge=1, description="Realms a server/analytics upload may list (else a 400)"
     )
+    server_in_flight: int = Field(
+        200,
+        ge=1,
+        description="Sends one Zulip server may have running at once; beyond it a push "
+        "request is not sent (counted as not sent), so that one server cannot fill the "
+        "lanes every server shares",
+    )
     registration_liveness: int = Field(86400, gt=0)
     duplicate_window: float = Field(120.0, ge=0)
     gc_older_than: float = Field(30 * 86400.0, gt=0, description="Seconds (for `gc`)")

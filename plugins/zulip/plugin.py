@@ -31,7 +31,7 @@ from gateway.api import (
     hookimpl,
 )
 from plugins.zulip import repo, tables
-from plugins.zulip.bouncer import Bouncer, forget_token
+from plugins.zulip.bouncer import Bouncer, forget_token, topic_of_ref
 from plugins.zulip.config import ZulipConfig
 from plugins.zulip.gc import ZulipService
 
@@ -88,20 +88,36 @@ def pushgw_services(context: PluginContext) -> Iterable[Service]:
 async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> None:
     engine = context.store.engine
     if invalid.token is not None and invalid.provider is not None:
-        await forget_token(engine, invalid.token, apns=invalid.provider is ProviderKind.APNS)
+        apns = invalid.provider is ProviderKind.APNS
+        # An APNs answer is about the token for the topic the push named: only the
+        # registrations for that app go (another server's for another app stay).
+        topic = topic_of_ref(invalid.ref) if apns else None
+        await forget_token(engine, invalid.token, apns=apns, ios_app_id=topic)
         return
-    # From `pushgw tokens retire` (or without a provider): find the rows by hash.
-    found: set[tuple[str, bool]] = set()
+    # From `pushgw tokens retire` (or without a provider): find the rows by hash. A token
+    # dead for one of our APNs apps ends only the registrations sent through that app.
+    config: ZulipConfig = context.config
+    apns_app = (
+        invalid.app_id if isinstance(config.apps.get(invalid.app_id), ApnsAppConfig) else None
+    )
+    found: set[tuple[str, bool, str | None]] = set()
+
+    def add(token: str, apns: bool, ios_app_id: str | None) -> None:
+        if not apns or apns_app is None:
+            found.add((token, apns, None))
+        elif ios_app_id and config.apns_app_id(ios_app_id) == apns_app:
+            found.add((token, True, ios_app_id))
+
     async with engine.connect() as conn:
         if invalid.token is not None:
-            found.update({(invalid.token, True), (invalid.token, False)})
+            found.update({(invalid.token, True, None), (invalid.token, False, None)})
         else:
             for row in await repo.e2ee_by_token_hash(conn, invalid.token_hash):
-                found.add((row.token, row.token_kind == repo.APNS_KIND))
+                add(row.token, row.token_kind == repo.APNS_KIND, row.ios_app_id)
             for row in await repo.legacy_by_token_hash(conn, invalid.token_hash):
-                found.add((row.token, row.kind == 1))
-    for token, apns in found:
-        await forget_token(engine, token, apns=apns)
+                add(row.token, row.kind == 1, row.ios_app_id)
+    for token, apns, ios_app_id in found:
+        await forget_token(engine, token, apns=apns, ios_app_id=ios_app_id)
 
 
 @hookimpl

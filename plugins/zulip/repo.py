@@ -357,23 +357,25 @@ async def expire_e2ee_by_id(conn: AsyncConnection, device_id: int) -> None:
     )
 
 
-async def expire_e2ee_by_token(conn: AsyncConnection, token: str, apns: bool) -> int:
+async def expire_e2ee_by_token(
+    conn: AsyncConnection, token: str, apns: bool, ios_app_id: str | None = None
+) -> int:
+    """Expire the registrations of a token (every realm; only those of `ios_app_id` if given)."""
     kind = APNS_KIND if apns else FCM_KIND
-    result = await conn.execute(
-        update(e2ee_devices)
-        .where(
-            e2ee_devices.c.token_key == token_key(token, apns),
-            e2ee_devices.c.token_kind == kind,
-            e2ee_devices.c.expired_at.is_(None),
-        )
-        .values(expired_at=now_utc())
-    )
+    clauses = [
+        e2ee_devices.c.token_key == token_key(token, apns),
+        e2ee_devices.c.token_kind == kind,
+        e2ee_devices.c.expired_at.is_(None),
+    ]
+    if ios_app_id is not None:
+        clauses.append(e2ee_devices.c.ios_app_id == ios_app_id)
+    result = await conn.execute(update(e2ee_devices).where(*clauses).values(expired_at=now_utc()))
     return int(result.rowcount or 0)
 
 
 async def e2ee_by_token_hash(conn: AsyncConnection, token_hash: str) -> Sequence[DbRow]:
     result = await conn.execute(
-        select(e2ee_devices.c.token, e2ee_devices.c.token_kind).where(
+        select(e2ee_devices.c.token, e2ee_devices.c.token_kind, e2ee_devices.c.ios_app_id).where(
             e2ee_devices.c.token_hash == token_hash
         )
     )
@@ -517,19 +519,28 @@ async def attach_legacy_realm(conn: AsyncConnection, ids: Iterable[int], realm_i
 
 
 async def delete_legacy_token(
-    conn: AsyncConnection, *, kind: int, token: str, apns: bool, server_id: int | None = None
+    conn: AsyncConnection,
+    *,
+    kind: int,
+    token: str,
+    apns: bool,
+    server_id: int | None = None,
+    ios_app_id: str | None = None,
 ) -> int:
-    """Delete registrations of a token (every server unless `server_id`)."""
+    """Delete registrations of a token (every server unless `server_id`; every app unless
+    `ios_app_id`)."""
     clauses = [legacy_devices.c.kind == kind, legacy_devices.c.token_key == token_key(token, apns)]
     if server_id is not None:
         clauses.append(legacy_devices.c.server_id == server_id)
+    if ios_app_id is not None:
+        clauses.append(legacy_devices.c.ios_app_id == ios_app_id)
     result = await conn.execute(delete(legacy_devices).where(*clauses))
     return int(result.rowcount or 0)
 
 
 async def legacy_by_token_hash(conn: AsyncConnection, token_hash: str) -> Sequence[DbRow]:
     result = await conn.execute(
-        select(legacy_devices.c.token, legacy_devices.c.kind).where(
+        select(legacy_devices.c.token, legacy_devices.c.kind, legacy_devices.c.ios_app_id).where(
             legacy_devices.c.token_hash == token_hash
         )
     )
