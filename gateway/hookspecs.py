@@ -143,9 +143,12 @@ def pushgw_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ig
 
 @hookspec
 def pushgw_spark_jobs() -> Iterable[Any] | None:
-    """Broadcast: batch jobs over delivery receipts (`spark_plugins.SparkJob` objects).
+    """Broadcast: a list of batch jobs over delivery receipts (`spark_plugins.SparkJob`
+    objects; docs/spark.md, "Writing a job").
 
-    `pushgw spark list` shows them and `pushgw spark run NAME` runs one.
+    `pushgw spark list` shows them and `pushgw spark run NAME` runs one. A hook that
+    raises or returns anything but a list of jobs is skipped with one line naming its
+    plugin; job names are unique across plugins.
     """
 
 

@@ -311,7 +311,16 @@ class SparkJob:
                 self.check(resolved)
         except ValueError as exc:  # OptionError included
             raise OptionError(f"job {self.name}: {exc}") from None
+        except Exception as exc:  # a bug in the job's check, not in the options given
+            raise JobContractError(
+                f"job {self.name}: its option check raised {type(exc).__name__}: {exc}"
+            ) from exc
         return resolved
+
+
+class JobContractError(RuntimeError):
+    """A job broke the contract of `SparkJob`: its `run` returned no `JobResult`, or its
+    `check` raised something other than `ValueError` (a bug of the job's)."""
 
 
 def collect_jobs(

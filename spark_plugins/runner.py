@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from spark_plugins.jobs import JobResult, OptionError, SparkJob, collect_jobs
+from spark_plugins.jobs import JobContractError, JobResult, OptionError, SparkJob, collect_jobs
 from spark_plugins.output import out_problem, write_result
 from spark_plugins.paths import arg_path, is_local, uri_path
 from spark_plugins.reader import receipts_problem, report_bad_input
@@ -183,6 +183,9 @@ def run_jobs(
     except OptionError as exc:
         print(f"pushgw spark: {exc}", file=sys.stderr)
         return 2, []
+    except JobContractError as exc:  # a job's own bug, not the user's mistake
+        print(f"pushgw spark: {exc}", file=sys.stderr)
+        return 1, []
     problem = path_problem(receipts, out)
     if problem:
         print(f"pushgw spark: {problem}", file=sys.stderr)
@@ -216,10 +219,6 @@ def run_jobs(
         if stop:
             spark.stop()
     return status, results
-
-
-class JobContractError(RuntimeError):
-    """A job's `run` broke the contract of `SparkJob` (it returned no `JobResult`)."""
 
 
 def finish(spark: Any, out: str, result: JobResult, started: float) -> None:

@@ -150,6 +150,26 @@ def test_a_job_that_breaks_its_contract_fails_in_one_line(
     assert len(err.splitlines()) == 1
 
 
+def test_a_bug_in_a_jobs_option_check_is_the_jobs_not_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A `check` that raises something other than ValueError is the job's bug: one line
+    naming the job and the error's kind, status 1, before Spark starts. Before, the
+    exception left `pushgw spark run` and was blamed on pushgw's own plugin."""
+
+    def check(options: dict[str, Any]) -> None:
+        raise KeyError(options.get("missing", "top"))
+
+    monkeypatch.setattr(runner, "spark_problem", lambda: pytest.fail("Spark was looked for"))
+    (tmp_path / "r").mkdir()
+    job = SparkJob("checked", "checked", _job("checked", JobResult("checked")).run, check=check)
+    status, results = runner.run_jobs([job], str(tmp_path / "r"), str(tmp_path / "o"))
+    assert (status, results) == (1, [])
+    assert capsys.readouterr().err == (
+        "pushgw spark: job checked: its option check raised KeyError: 'top'\n"
+    )
+
+
 @pytest.mark.spark
 def test_the_job_gets_what_a_built_in_gets(
     site: Path, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
