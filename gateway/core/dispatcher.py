@@ -275,7 +275,7 @@ class Dispatcher:
             finished = time.monotonic()
             self._observe_attempt(lane, attempt, finished - started)
             if lane.breaker.record(attempt.outcome, finished):
-                self.metrics.circuit_open.labels(lane.app_id).set(
+                self.metrics.circuit_open.labels(lane.plugin, lane.app_id).set(
                     lane.breaker.opened_at is not None
                 )
             outcome = attempt.outcome
@@ -405,7 +405,7 @@ class Dispatcher:
         guard.record(invalid)
         tripped = guard.tripped
         if tripped != was_tripped:
-            self.metrics.invalidation_suspended.labels(lane.app_id).set(tripped)
+            self.metrics.invalidation_suspended.labels(lane.plugin, lane.app_id).set(tripped)
             if tripped:
                 log.warning(
                     "token invalidation suspended for app %s: most tokens came back invalid "

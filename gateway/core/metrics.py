@@ -121,7 +121,7 @@ class Metrics:
         self.attempts = Counter(
             "pushgw_provider_requests",
             "Requests made to providers",
-            ["provider", "app", "outcome"],
+            ["plugin", "provider", "app", "outcome"],
             registry=r,
         )
         self.retries = Counter(
@@ -149,28 +149,28 @@ class Metrics:
         self.provider_latency = Histogram(
             "pushgw_provider_request_seconds",
             "One provider request",
-            ["provider", "app"],
+            ["plugin", "provider", "app"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.in_flight = Gauge(
             "pushgw_pushes_in_flight",
             "Pushes accepted and not yet final",
-            ["provider", "app"],
+            ["plugin", "provider", "app"],
             registry=r,
             multiprocess_mode="livesum",
         )
         self.circuit_open = Gauge(
             "pushgw_circuit_open",
             "1 while an app's circuit breaker is open",
-            ["app"],
+            ["plugin", "app"],
             registry=r,
             multiprocess_mode="max",
         )
         self.invalidation_suspended = Gauge(
             "pushgw_token_invalidation_suspended",
             "1 while the mass-invalidation guard holds an app's invalidations",
-            ["app"],
+            ["plugin", "app"],
             registry=r,
             multiprocess_mode="max",
         )
@@ -334,15 +334,19 @@ class LaneMetrics:
 
     def __init__(self, metrics: Metrics, plugin: str, provider: str, app: str) -> None:
         self.plugin, self.provider, self.app = plugin, provider, app
-        self.in_flight = metrics.tally(metrics.in_flight.labels(provider, app))
-        self.provider_latency = metrics.tally(metrics.provider_latency.labels(provider, app))
+        self.in_flight = metrics.tally(metrics.in_flight.labels(plugin, provider, app))
+        self.provider_latency = metrics.tally(
+            metrics.provider_latency.labels(plugin, provider, app)
+        )
         self.push_latency = metrics.tally(metrics.push_latency.labels(plugin, provider))
         self.retries = metrics.retries.labels(plugin, provider, app)  # rare: no tally
         self._attempts = metrics.children(metrics.attempts)
         self._pushes = metrics.children(metrics.pushes)
 
     def attempt(self, outcome: str) -> Tally:
-        return self._attempts(self.provider, self.app, outcome)  # type: ignore[no-any-return]
+        return self._attempts(  # type: ignore[no-any-return]
+            self.plugin, self.provider, self.app, outcome
+        )
 
     def push(self, outcome: str, reason: str) -> Tally:
         """The `pushgw_pushes` tally of `outcome`; `reason` as sent (`reason_label` bounds it)."""

@@ -433,7 +433,7 @@ async def test_the_suspended_gauge_clears_when_valid_answers_release_the_guard(
 
     def suspended() -> float | None:
         return dispatcher.metrics.registry.get_sample_value(
-            "pushgw_token_invalidation_suspended", {"app": "android"}
+            "pushgw_token_invalidation_suspended", {"plugin": "p", "app": "android"}
         )
 
     for n in range(10):

@@ -17,11 +17,11 @@ def direct(metrics: Metrics) -> None:
     """The same changes as `tallied`, made straight on the Prometheus children."""
     metrics.retries.labels("p", "fcm", "android")  # a lane resolves it up front
     for value in LATENCIES:
-        metrics.provider_latency.labels("fcm", "android").observe(value)
+        metrics.provider_latency.labels("p", "fcm", "android").observe(value)
         metrics.push_latency.labels("p", "fcm").observe(value * 2)
-        metrics.attempts.labels("fcm", "android", "ok").inc()
+        metrics.attempts.labels("p", "fcm", "android", "ok").inc()
         metrics.pushes.labels("p", "fcm", "android", "ok", "").inc()
-    gauge = metrics.in_flight.labels("fcm", "android")
+    gauge = metrics.in_flight.labels("p", "fcm", "android")
     gauge.inc()
     gauge.inc()
     gauge.dec()
@@ -68,7 +68,7 @@ def test_tallies_wait_for_a_flush_and_are_not_counted_twice() -> None:
     lane = LaneMetrics(metrics, "p", "fcm", "android")
     lane.attempt("ok").inc()
     lane.provider_latency.observe(0.2)
-    child = metrics.attempts.labels("fcm", "android", "ok")
+    child = metrics.attempts.labels("p", "fcm", "android", "ok")
     assert child._value.get() == 0  # not yet in the child ...
     metrics.flush()
     assert child._value.get() == 1  # ... now it is
@@ -78,27 +78,61 @@ def test_tallies_wait_for_a_flush_and_are_not_counted_twice() -> None:
     lane.attempt("ok").inc()
     assert (
         sample(
-            "pushgw_provider_requests_total", {"provider": "fcm", "app": "android", "outcome": "ok"}
+            "pushgw_provider_requests_total",
+            {"plugin": "p", "provider": "fcm", "app": "android", "outcome": "ok"},
         )
         == 2
     )
     assert (
-        sample("pushgw_provider_request_seconds_count", {"provider": "fcm", "app": "android"}) == 1
+        sample(
+            "pushgw_provider_request_seconds_count",
+            {"plugin": "p", "provider": "fcm", "app": "android"},
+        )
+        == 1
     )
     assert math.isclose(
-        sample("pushgw_provider_request_seconds_sum", {"provider": "fcm", "app": "android"}) or 0,
+        sample(
+            "pushgw_provider_request_seconds_sum",
+            {"plugin": "p", "provider": "fcm", "app": "android"},
+        )
+        or 0,
         0.2,
     )
 
 
-def test_two_lanes_sharing_a_child_add_up() -> None:
+def test_two_tallies_of_one_child_add_up() -> None:
     metrics = Metrics()
     first = LaneMetrics(metrics, "a", "apns", "ios")
-    second = LaneMetrics(metrics, "b", "apns", "ios")  # same (provider, app) in-flight child
+    second = LaneMetrics(metrics, "a", "apns", "ios")  # the same in-flight child
     first.in_flight.inc()
     second.in_flight.inc()
     second.in_flight.dec()
     value = metrics.registry.get_sample_value(
-        "pushgw_pushes_in_flight", {"provider": "apns", "app": "ios"}
+        "pushgw_pushes_in_flight", {"plugin": "a", "provider": "apns", "app": "ios"}
     )
     assert value == 1
+
+
+def test_plugins_apps_of_one_name_are_series_of_their_own() -> None:
+    """Plugins name their apps on their own, and the example config gives three plugins
+    the same app names: a lane's gauges are labelled by plugin too. Before, one lane's
+    closed breaker (0) overwrote another's open one (1) in `pushgw_circuit_open`."""
+    metrics = Metrics()
+    a, b = LaneMetrics(metrics, "a", "apns", "ios"), LaneMetrics(metrics, "b", "apns", "ios")
+    a.in_flight.inc()
+    a.attempt("ok").inc()
+    metrics.circuit_open.labels("a", "ios").set(1)
+    metrics.circuit_open.labels("b", "ios").set(0)
+    metrics.invalidation_suspended.labels("b", "ios").set(1)
+    metrics.invalidation_suspended.labels("a", "ios").set(0)
+    b.provider_latency.observe(0.5)
+    sample = metrics.registry.get_sample_value
+    assert sample("pushgw_circuit_open", {"plugin": "a", "app": "ios"}) == 1
+    assert sample("pushgw_circuit_open", {"plugin": "b", "app": "ios"}) == 0
+    assert sample("pushgw_token_invalidation_suspended", {"plugin": "b", "app": "ios"}) == 1
+    labels = {"provider": "apns", "app": "ios"}
+    assert sample("pushgw_pushes_in_flight", {"plugin": "a", **labels}) == 1
+    assert sample("pushgw_pushes_in_flight", {"plugin": "b", **labels}) == 0
+    assert sample("pushgw_provider_requests_total", {"plugin": "a", **labels, "outcome": "ok"}) == 1
+    assert sample("pushgw_provider_request_seconds_count", {"plugin": "b", **labels}) == 1
+    assert sample("pushgw_provider_request_seconds_count", {"plugin": "a", **labels}) == 0
