@@ -105,13 +105,14 @@ class LoadedGateway:
 
         return installed_migration_dirs()
 
-    async def notify_invalid(self, invalid: InvalidToken) -> None:
-        """Calls the owning plugin's token-invalid hook (the end of the one invalidation path)."""
+    async def notify_invalid(self, invalid: InvalidToken) -> object:
+        """Calls the owning plugin's token-invalid hook (the end of the one invalidation path);
+        returns what the hook returned."""
         context = self.contexts.get(invalid.plugin)
         if context is None:
             log.warning("invalid token for plugin %s, which is not enabled", invalid.plugin)
-            return
-        await self.registry.call_async(
+            return None
+        return await self.registry.call_async(
             invalid.plugin, "pushgw_token_invalid", context=context, invalid=invalid
         )
 

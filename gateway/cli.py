@@ -289,6 +289,7 @@ async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -
         return 0
 
     retired = 0
+    unmatched = 0  # retired, but the plugin found no record of the hash
     failures: list[str] = []
     async with opened_store(loaded, migrate=loaded.settings.store.auto_upgrade) as store:
         invalidation = loaded.invalidation
@@ -309,6 +310,7 @@ async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -
                 continue
             if outcome.complete:
                 retired += 1
+                unmatched += outcome.found == 0
                 continue
             hook = f"the {token.plugin} plugin's token-invalid hook"
             if outcome.record_error and outcome.hook_error:
@@ -329,6 +331,14 @@ async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -
         more = len(failures) - _MAX_FAILURE_LINES
         print(f"pushgw: ... and {more} more not retired", file=sys.stderr)
     failed = f"; {len(failures)} not retired (see above)" if failures else ""
+    if unmatched:
+        print(
+            f"pushgw: {_tokens(unmatched)} matched no registration of their plugin: "
+            "forgotten already, or hashed under another receipts.hmac_key than this "
+            "configuration's (docs/receipts.md, rotating the HMAC key)",
+            file=sys.stderr,
+        )
+        counts += f"; {unmatched} matched no registration"
     print(f"retired {_tokens(retired)} in {where}{counts}{failed}")
     return EXIT_FAILED if failures else 0
 

@@ -118,6 +118,11 @@ def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> Any:
     `invalid.token` is None and only `invalid.token_hash` identifies it. The plugin
     does what its protocol says (forget the registration, report it upstream...).
     It must be idempotent: a token invalidated live may be retired again later.
+
+    It may return the number of the plugin's records the token matched (an `int`; None,
+    the default, says nothing). `pushgw tokens retire` counts the tokens that matched
+    none and says so: their hashes were made under another `receipts.hmac_key`, or the
+    tokens were already forgotten (docs/receipts.md, "Rotating the HMAC key").
     """
 
 

@@ -32,7 +32,7 @@ from gateway.core.store import Store, invalid_tokens
 
 log = logging.getLogger(__name__)
 
-NotifyPlugin = Callable[[InvalidToken], Awaitable[None]]
+NotifyPlugin = Callable[[InvalidToken], Awaitable[object]]
 
 REASON_LENGTH = 64  # pushgw_invalid_tokens.reason is String(64)
 
@@ -91,12 +91,16 @@ class Outcome:
 
     `handled` is False when the token was handled recently (nothing was done again).
     `record_error` / `hook_error` say, in one line without the token, why its keyed hash
-    could not be recorded / why the owning plugin's hook failed.
+    could not be recorded / why the owning plugin's hook failed. `found` is what the hook
+    returned when it was a number: how many of the plugin's records the token matched
+    (None: the plugin does not say). A dead-token file's hash that matches no record was
+    made under another `receipts.hmac_key`, or names a token already forgotten.
     """
 
     handled: bool
     record_error: str | None = None
     hook_error: str | None = None
+    found: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -140,10 +144,13 @@ class TokenInvalidation:
         provider = invalid.provider.value if invalid.provider else "none"
         self._metrics.invalid_tokens.labels(invalid.plugin, provider, invalid.app_id).inc()
         record_error = hook_error = None
+        found: int | None = None
         try:
             if persist and self._store is not None:
                 record_error = await self._record(invalid)
-            await self._notify(invalid)
+            result = await self._notify(invalid)
+            if isinstance(result, int) and not isinstance(result, bool):
+                found = result
         except asyncio.CancelledError:
             # Not handled after all (shutdown cancelled the send): the token is not
             # "recently handled", so its next failure records it and tells the plugin.
@@ -159,7 +166,7 @@ class TokenInvalidation:
                 "token-invalid hook of plugin %s failed: %s", invalid.plugin, kind_and_place(exc)
             )
             hook_error = describe_error(exc)
-        return Outcome(handled=True, record_error=record_error, hook_error=hook_error)
+        return Outcome(handled=True, record_error=record_error, hook_error=hook_error, found=found)
 
     async def _record(self, invalid: InvalidToken) -> str | None:
         """Record the keyed hash; the error in one line when it could not be recorded."""

@@ -9,6 +9,7 @@
     pushgw zulip keys list [--file PATH]
     pushgw zulip keys remove PUBLIC [--file PATH]
     pushgw zulip gc [--older-than 30d] [--dry-run]
+    pushgw zulip rehash-tokens                       (after rotating receipts.hmac_key)
 
 Bouncer keys live in the JSON file named by `plugins.zulip.bouncer_keys_file` or `--file`
 (the same `{public: private}` shape as Zulip's `push_registration_encryption_keys`); a
@@ -97,6 +98,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     rm.add_argument("public_key")
     rm.add_argument("--file", help="key file (default: plugins.zulip.bouncer_keys_file)")
     rm.set_defaults(handler=cmd_keys_remove)
+
+    rehash = sub.add_parser(
+        "rehash-tokens",
+        help="remake the stored token hashes under the current receipts.hmac_key",
+    )
+    rehash.set_defaults(handler=cmd_rehash_tokens)
 
     gc = sub.add_parser("gc", help="delete registrations dead for longer than the retention")
     gc.add_argument("--older-than", default=None, help="retention, e.g. 30d (default: config)")
@@ -370,6 +377,16 @@ def cmd_keys_remove(args: argparse.Namespace, command_context: CommandContext) -
     except KeyFileError as exc:
         return _fail(str(exc))
     print(f"removed {args.public_key}; restart pushgw to stop accepting it", file=sys.stderr)
+    return 0
+
+
+async def cmd_rehash_tokens(args: argparse.Namespace, command_context: CommandContext) -> int:
+    """After a `receipts.hmac_key` rotation: registrations keep the hash of the key they
+    were made under, which dead-token files of the new key's receipts never match
+    (docs/receipts.md, "Rotating the HMAC key"). Idempotent; safe while serving."""
+    async with open_store(command_context) as (engine, loaded), engine.begin() as conn:
+        changed = await repo.rehash_tokens(conn, loaded.contexts[PLUGIN].token_hash)
+    print(f"rehashed {changed} registrations under the current receipts.hmac_key")
     return 0
 
 

@@ -85,7 +85,8 @@ def pushgw_services(context: PluginContext) -> Iterable[Service]:
 
 
 @hookimpl
-async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> None:
+async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> int | None:
+    """Forget the token's registrations; by hash, return how many rows it matched."""
     engine = context.store.engine
     if invalid.token is not None and invalid.provider is not None:
         apns = invalid.provider is ProviderKind.APNS
@@ -93,7 +94,7 @@ async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) ->
         # registrations for that app go (another server's for another app stay).
         topic = topic_of_ref(invalid.ref) if apns else None
         await forget_token(engine, invalid.token, apns=apns, ios_app_id=topic)
-        return
+        return None
     # From `pushgw tokens retire` (or without a provider): find the rows by hash. A token
     # dead for one of our APNs apps ends only the registrations sent through that app.
     config: ZulipConfig = context.config
@@ -101,12 +102,18 @@ async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) ->
         invalid.app_id if isinstance(config.apps.get(invalid.app_id), ApnsAppConfig) else None
     )
     found: set[tuple[str, bool, str | None]] = set()
+    rows = 0  # registrations the hash matched (stored hashes are of the current key:
+    # after a receipts.hmac_key rotation, `pushgw zulip rehash-tokens` remakes them)
 
     def add(token: str, apns: bool, ios_app_id: str | None) -> None:
+        nonlocal rows
         if not apns or apns_app is None:
             found.add((token, apns, None))
         elif ios_app_id and config.apns_app_id(ios_app_id) == apns_app:
             found.add((token, True, ios_app_id))
+        else:
+            return
+        rows += 1
 
     async with engine.connect() as conn:
         if invalid.token is not None:
@@ -118,6 +125,7 @@ async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) ->
                 add(row.token, row.kind == 1, row.ios_app_id)
     for token, apns, ios_app_id in found:
         await forget_token(engine, token, apns=apns, ios_app_id=ios_app_id)
+    return None if invalid.token is not None else rows
 
 
 @hookimpl

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypeVar
@@ -536,6 +536,40 @@ async def delete_legacy_token(
         clauses.append(legacy_devices.c.ios_app_id == ios_app_id)
     result = await conn.execute(delete(legacy_devices).where(*clauses))
     return int(result.rowcount or 0)
+
+
+async def rehash_tokens(conn: AsyncConnection, token_hash: Callable[[str], str]) -> int:
+    """Remake every registration's `token_hash` with `token_hash` (the current
+    `receipts.hmac_key`); the number of rows whose stored hash changed."""
+    changed = 0
+    for table in (e2ee_devices, legacy_devices):
+        last = 0
+        while True:
+            rows = (
+                await conn.execute(
+                    select(table.c.id, table.c.token, table.c.token_hash)
+                    .where(table.c.id > last)
+                    .order_by(table.c.id)
+                    .limit(IN_CHUNK)
+                )
+            ).all()
+            if not rows:
+                break
+            last = rows[-1].id
+            stale = [
+                {"row_id": row.id, "new_hash": new}
+                for row in rows
+                if (new := token_hash(row.token)) != row.token_hash
+            ]
+            if stale:
+                await conn.execute(
+                    update(table)
+                    .where(table.c.id == bindparam("row_id"))
+                    .values(token_hash=bindparam("new_hash")),
+                    stale,
+                )
+                changed += len(stale)
+    return changed
 
 
 async def legacy_by_token_hash(conn: AsyncConnection, token_hash: str) -> Sequence[DbRow]:
