@@ -93,7 +93,13 @@ def finish(path: Path, file_format: ReceiptsFormat) -> ReceiptsFormat | None:
         _sync_directory(parquet.parent)
         path.unlink()
         return "parquet"
+    # A conversion cut short by a crash left this (the format has changed since, or
+    # pyarrow is gone): nothing else would ever remove it.
+    parquet.with_name(parquet.name + ".tmp").unlink(missing_ok=True)
+    # Data, then name, on disk: a published file survives a power loss, as a `.parquet`.
+    _sync_file(path)
     path.rename(jsonl)
+    _sync_directory(jsonl.parent)
     return "jsonl"
 
 
