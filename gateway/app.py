@@ -213,10 +213,11 @@ def _enabled_error(error: ConfigError, source: str | None, settings: Settings) -
 def create_app(gateway: LoadedGateway) -> web.Application:
     settings = gateway.settings
     app = web.Application(
-        middlewares=[_request_middleware(gateway.runtime.metrics)],
+        middlewares=[_request_middleware(gateway.runtime.metrics, settings.server.body_timeout)],
         client_max_size=settings.server.client_max_size,
     )
     app[GATEWAY] = gateway
+    app[_STORE_PING] = _SharedPing()
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     if settings.server.metrics_port is None:
@@ -419,7 +420,11 @@ async def _metrics_server_ctx(app: web.Application) -> AsyncIterator[None]:
     metrics_app = web.Application()
     metrics_app[GATEWAY] = gateway
     metrics_app.router.add_get("/metrics", _metrics)
-    runner = web.AppRunner(metrics_app, access_log=None)
+    # aiohttp's own keep-alive default (an hour) otherwise: idle and slow-header
+    # connections of the metrics port are closed as the main port's are.
+    runner = web.AppRunner(
+        metrics_app, access_log=None, keepalive_timeout=gateway.settings.server.keepalive_timeout
+    )
     await runner.setup()
     site = web.TCPSite(
         runner, gateway.settings.server.host, gateway.settings.server.metrics_port, reuse_port=True
@@ -436,12 +441,31 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+class _SharedPing:
+    """The database ping of /readyz, one at a time: probes that come while one runs
+    wait for its answer. A ping per probe took a pooled connection each, and a flood of
+    probes on the public port held the pool that the pushes need."""
+
+    def __init__(self) -> None:
+        self._running: asyncio.Future[bool] | None = None
+
+    async def __call__(self, store: Store) -> bool:
+        running = self._running
+        if running is None or running.done():
+            running = self._running = asyncio.ensure_future(store.ping())
+        # Shielded: a probe that hangs up does not cancel the ping the others wait for.
+        return await asyncio.shield(running)
+
+
+_STORE_PING = web.AppKey("store_ping", _SharedPing)
+
+
 async def _readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     store = gateway.runtime.store
     dispatcher = gateway.runtime.dispatcher
     checks: dict[str, Any] = {
-        "store": bool(store and await store.ping()),
+        "store": bool(store and await request.app[_STORE_PING](store)),
         "apps": dispatcher.ready() if dispatcher else {},
         "services": {s.name: bool(s.ready()) for s in gateway.services},
     }
@@ -468,7 +492,55 @@ def _multiproc() -> bool:
     return bool(os.environ.get(MULTIPROC_ENV))
 
 
-def _request_middleware(metrics: Metrics) -> Any:
+class BodyTimeout(web.RequestPayloadError):
+    """The client did not send its whole request body within `server.body_timeout`.
+
+    A `RequestPayloadError`, as a body that cannot be read: what handlers already answer
+    as the client's mistake. The middleware then answers 408 and closes the connection.
+    """
+
+
+class _BodyDeadline:
+    """`server.body_timeout` for a request whose body had not all come when its handler
+    started (the usual small body comes with its headers: no timer then).
+
+    aiohttp bounds the wait for a request's headers (its keep-alive timer) but not for
+    its body: a client announcing a body and sending it a byte a minute, or never, held
+    the connection and its handler for ever (slowloris). At the deadline the body's
+    stream fails with `BodyTimeout`, which wakes a handler reading it.
+    """
+
+    __slots__ = ("_handle", "_payload", "expired")
+
+    def __init__(self, request: web.Request, seconds: float) -> None:
+        self.expired = False
+        self._payload = request.content
+        self._handle = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+    def _expire(self) -> None:
+        if not self._payload.is_eof():
+            self.expired = True
+            self._payload.set_exception(BodyTimeout("the request body did not come in time"))
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+def _body_deadline(request: web.Request, seconds: float | None) -> _BodyDeadline | None:
+    if seconds is None or not request.body_exists or request.content.is_eof():
+        return None
+    return _BodyDeadline(request, seconds)
+
+
+def _body_timed_out() -> web.Response:
+    response = web.json_response(
+        {"error": "request timeout: the request body did not come in time"}, status=408
+    )
+    response.force_close()  # what is left of the body is not read
+    return response
+
+
+def _request_middleware(metrics: Metrics, body_timeout: float | None = None) -> Any:
     http_requests = metrics.children(metrics.http_requests)
     # Request ids must be unique in the logs, not unpredictable: a random per-process
     # prefix and a sequence, instead of uuid4's system call on every request.
@@ -480,8 +552,18 @@ def _request_middleware(metrics: Metrics) -> Any:
         rid = _client_request_id(request) or f"{prefix}{next(sequence) & 0xFFFF_FFFF:08x}"
         token = request_id.set(rid)
         status = 500
+        deadline = _body_deadline(request, body_timeout)
         try:
-            response = await handler(request)
+            response: web.StreamResponse | None = None
+            try:
+                response = await handler(request)
+            except Exception:
+                if deadline is None or not deadline.expired:
+                    raise
+            if deadline is not None and deadline.expired:
+                # Whatever the handler made of `BodyTimeout` (a 400, an exception): 408.
+                response = _body_timed_out()
+            assert response is not None
             status = response.status
             response.headers["X-Request-Id"] = rid
             return response
@@ -493,6 +575,8 @@ def _request_middleware(metrics: Metrics) -> Any:
             log.exception("unhandled error in %s %s", request.method, route_pattern(request))
             return web.json_response({"error": "internal error", "request_id": rid}, status=500)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             method = request.method if request.method in _LABELLED_METHODS else "other"
             http_requests(route_pattern(request), method, str(status)).inc()
             request_id.reset(token)

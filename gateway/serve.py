@@ -524,6 +524,9 @@ def _run_loaded(
         handle_signals=False,  # `stop` above
         sock=socks,
         shutdown_timeout=settings.server.shutdown_timeout,
+        # Idle connections, and a request's headers, are bounded by aiohttp's keep-alive
+        # timer (from the connection, or the previous answer); the body by the app's own.
+        keepalive_timeout=settings.server.keepalive_timeout,
         access_log=logging.getLogger("aiohttp.access") if settings.logging.access_log else None,
         access_log_class=logs.RouteAccessLogger,  # never the path or query: they may hold tokens
         print=lambda msg: print(f"{where}: {msg}", file=sys.stderr, flush=True),

@@ -52,6 +52,14 @@ class ServerConfig(ConfigModel):
     )
     shutdown_timeout: float = Field(10.0, ge=0, description="Drain deadline on shutdown")
     client_max_size: int = Field(1024 * 1024, ge=1024)
+    # Slow or idle clients (slowloris) must not hold connections for ever: aiohttp bounds
+    # the headers by its keep-alive timer, the core bounds the body (app.py).
+    keepalive_timeout: float = Field(
+        75.0, gt=0, description="Idle connection lifetime; the longest a request's headers take"
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, description="Seconds a request's body may take once its headers came: then 408"
+    )
     event_loop: EventLoop = Field(
         "auto", description="auto (uvloop where installed), uvloop, or asyncio"
     )

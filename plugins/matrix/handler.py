@@ -182,9 +182,13 @@ class MatrixFrontend:
     async def _notify(self, request: web.Request) -> web.Response:
         try:
             body = await self._read_body(request)
-        except web.RequestPayloadError:  # a body its Content-Encoding does not decode
-            log.warning("invalid notify request: the body does not decode")
+        except web.RequestPayloadError:  # its Content-Encoding does not decode it, or it was
+            # too slow (`server.body_timeout`: the core then answers 408 instead)
+            log.warning("invalid notify request: the body does not decode or came too slowly")
             return web.Response(status=400, text="Body does not decode")
+        except ConnectionError:  # the client left before the end of its body: not our bug
+            log.info("notify request: the client closed the connection before its body ended")
+            return web.Response(status=400, text="Body incomplete")
         if body is None:
             return web.Response(status=413, text="Request body too large")
         try:

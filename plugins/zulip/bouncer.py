@@ -107,6 +107,8 @@ async def read_form(request: web.Request, max_size: int | None = None) -> dict[s
         # RequestPayloadError: a body its Content-Encoding does not decode.
         except (ValueError, LookupError, AssertionError, web.RequestPayloadError):
             raise ZulipError("Malformed form body") from None
+        except ConnectionError:  # the client left before the end of its body: not our bug
+            raise ZulipError("Request body incomplete") from None
         for key, value in data.items():
             if isinstance(value, str):
                 params[key] = value
@@ -124,6 +126,8 @@ async def read_json(request: web.Request) -> Any:
         raise ZulipError("Request body too large", status=413) from None
     except web.RequestPayloadError:  # a body its Content-Encoding does not decode
         raise ZulipError("Malformed JSON") from None
+    except ConnectionError:  # the client left before the end of its body: not our bug
+        raise ZulipError("Request body incomplete") from None
     try:
         return parse_json(raw)
     except ValueError:
