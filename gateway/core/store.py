@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -110,11 +111,19 @@ class Store:
 
 
 def alembic_config(url: str, version_locations: Sequence[str] = ()) -> AlembicConfig:
+    # The directories lie wherever pushgw is installed (`/opt/Push Gateway/venv/...`):
+    # split on os.pathsep, not on spaces (a location cut in two is silently skipped, and
+    # its revisions with it), and `%` escaped (the options are ConfigParser values).
+    # `version_path_separator` is what Alembic before 1.16 reads.
+    def option(value: object) -> str:
+        return str(value).replace("%", "%%")
+
     cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", option(MIGRATIONS_DIR))
     locations = [str(MIGRATIONS_DIR / "versions"), *map(str, version_locations)]
-    cfg.set_main_option("version_locations", " ".join(locations))
-    cfg.set_main_option("path_separator", "space")
+    cfg.set_main_option("version_locations", option(os.pathsep.join(locations)))
+    cfg.set_main_option("path_separator", "os")
+    cfg.set_main_option("version_path_separator", "os")
     cfg.attributes["url"] = url
     return cfg
 
