@@ -110,3 +110,27 @@ async def test_an_undecodable_request_body_is_one_line_not_a_traceback(
     assert "a request body could not be read" in written
     assert "Traceback" not in written and "Unhandled exception" not in written
     assert b"secret-looking-content".decode() not in written
+
+
+@pytest.mark.parametrize("access_log", [True, False])
+async def test_the_harness_logs_requests_as_serve_does(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, access_log: bool
+) -> None:
+    """`GatewayHarness` logs requests with `pushgw serve`'s access logger (the route,
+    never the path) and only when `logging.access_log` is on, so that what a test sees in
+    the log is what production writes. It used aiohttp's own access log, path included:
+    a test requesting a token-like path put it in the suite's log."""
+    secret = "f00dfeed" * 8
+    config = base_config(tmp_path, {}, logging={"access_log": access_log})
+    with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+        async with GatewayHarness(config) as gw:
+            assert (await gw.client.get(f"/devices/{secret}")).status == 404
+            assert (await gw.client.get("/healthz")).status == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "aiohttp.access"]
+    assert not [line for line in lines if secret in line]
+    if access_log:
+        assert len(lines) == 2
+        assert '"GET unmatched HTTP/1.1" 404' in lines[0]
+        assert '"GET /healthz HTTP/1.1" 200' in lines[1]
+    else:
+        assert lines == []

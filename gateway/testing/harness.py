@@ -10,12 +10,14 @@ async with ApnsSimulator() as apns, FcmSimulator() as fcm:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from gateway import logs
 from gateway.app import LoadedGateway, create_app, load_gateway
 from gateway.testing.apns_sim import ApnsSimulator, generate_apns_auth_key
 from gateway.testing.fcm_sim import FcmSimulator, make_service_account
@@ -88,9 +90,17 @@ class GatewayHarness:
     async def __aenter__(self) -> GatewayHarness:
         self.gateway = load_gateway(data=self.config, extra_plugins=self.extra_plugins)
         app = create_app(self.gateway)
-        client = TestClient(TestServer(app))
+        # Requests are logged as `pushgw serve` logs them (the route, never the path),
+        # so that a test of what reaches the log sees what production writes.
+        settings = self.gateway.settings
+        access_log = logging.getLogger("aiohttp.access") if settings.logging.access_log else None
+        server = TestServer(app)
+        client = TestClient(server)
         try:
-            await client.start_server()
+            await server.start_server(
+                access_log=access_log, access_log_class=logs.RouteAccessLogger
+            )
+            await client.start_server()  # the server is started: only the client's part
         except BaseException:
             # A failing start-up step (a plugin service, a migration...) leaves the
             # contexts that had started running: aiohttp unwinds them only on the
