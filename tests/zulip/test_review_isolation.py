@@ -38,6 +38,34 @@ async def two_apps_env(
         yield Env(harness, apns, fcm)
 
 
+async def _token_of_b_registered_by_a_for_its_app(env: Env) -> tuple[Any, Any, str, str]:
+    """Server B's user registered their phone's token for the production app, end-to-end
+    encrypted and legacy; server A registered the same token under the other bundle id
+    it serves. Returns (server A, server B, B's realm, the token)."""
+    server_a, _ = await env.ready_server()
+    server_b, realm_b = await env.ready_server()
+    token = apns_token()
+    status, body = await server_b.e2ee_register(realm_b, token, "apns", ios_app_id=IOS_APP_ID)
+    assert status == 200, body
+    status, body = await server_b.legacy_register(token, 1, user_id=7)  # IOS_APP_ID
+    assert status == 200, body
+    status, body = await server_a.form(
+        "push/register",
+        {"token": token, "token_kind": "1", "user_id": "1", "ios_app_id": OTHER_APP_ID},
+    )
+    assert status == 200, body
+    return server_a, server_b, realm_b, token
+
+
+async def _assert_only_bs_registrations_left(env: Env) -> None:
+    """B's two registrations of the token stand; A's (the other app's) is gone."""
+    async with env.engine.connect() as conn:
+        e2ee = (await conn.execute(select(e2ee_devices.c.expired_at))).all()
+        legacy = (await conn.execute(select(legacy_devices.c.ios_app_id))).all()
+    assert [r.expired_at for r in e2ee] == [None]
+    assert [r.ios_app_id for r in legacy] == [IOS_APP_ID]
+
+
 def _e2ee_apns_request(token: str) -> dict[str, Any]:
     return {
         "token_id": token_id_of(token),
@@ -59,18 +87,7 @@ async def test_token_not_for_another_topic_spares_other_servers_registrations(
     # APNs answers DeviceTokenNotForTopic: T does not belong to that topic. That says
     # nothing about T under B's topic, so B's registrations must survive.
     env = two_apps_env
-    server_a, _ = await env.ready_server()
-    server_b, realm_b = await env.ready_server()
-    token = apns_token()
-    status, body = await server_b.e2ee_register(realm_b, token, "apns", ios_app_id=IOS_APP_ID)
-    assert status == 200, body
-    status, body = await server_b.legacy_register(token, 1, user_id=7)  # IOS_APP_ID
-    assert status == 200, body
-    status, body = await server_a.form(
-        "push/register",
-        {"token": token, "token_kind": "1", "user_id": "1", "ios_app_id": OTHER_APP_ID},
-    )
-    assert status == 200, body
+    server_a, server_b, realm_b, token = await _token_of_b_registered_by_a_for_its_app(env)
 
     env.apns.script(token, ApnsResponse.error("DeviceTokenNotForTopic"))
     status, body = await server_a.json(
@@ -84,11 +101,7 @@ async def test_token_not_for_another_topic_spares_other_servers_registrations(
     # A's own registration is gone: the token is not for the topic it named.
     assert body["deleted_devices"]["apple_devices"] == [token]
 
-    async with env.engine.connect() as conn:
-        e2ee = (await conn.execute(select(e2ee_devices.c.expired_at))).all()
-        legacy = (await conn.execute(select(legacy_devices.c.ios_app_id))).all()
-    assert [r.expired_at for r in e2ee] == [None]
-    assert [r.ios_app_id for r in legacy] == [IOS_APP_ID]
+    await _assert_only_bs_registrations_left(env)
 
     env.apns.clear_scripts()
     status, body = await server_b.json(
@@ -192,17 +205,7 @@ async def test_retired_token_of_one_app_spares_other_apps_registrations(
     # `pushgw tokens retire` feeds it to the hook by hash. B's registrations of the token
     # for the production app must stay; A's for the beta app go.
     env = two_apps_env
-    server_a, _ = await env.ready_server()
-    server_b, realm_b = await env.ready_server()
-    token = apns_token()
-    status, body = await server_b.e2ee_register(realm_b, token, "apns", ios_app_id=IOS_APP_ID)
-    assert status == 200, body
-    await server_b.legacy_register(token, 1, user_id=7)
-    status, body = await server_a.form(
-        "push/register",
-        {"token": token, "token_kind": "1", "user_id": "1", "ios_app_id": OTHER_APP_ID},
-    )
-    assert status == 200, body
+    *_, token = await _token_of_b_registered_by_a_for_its_app(env)
     await pushgw_token_invalid(
         env.context,
         InvalidToken(
@@ -214,8 +217,4 @@ async def test_retired_token_of_one_app_spares_other_apps_registrations(
             reason="DeviceTokenNotForTopic",
         ),
     )
-    async with env.engine.connect() as conn:
-        e2ee = (await conn.execute(select(e2ee_devices.c.expired_at))).all()
-        legacy = (await conn.execute(select(legacy_devices.c.ios_app_id))).all()
-    assert [r.expired_at for r in e2ee] == [None]
-    assert [r.ios_app_id for r in legacy] == [IOS_APP_ID]
+    await _assert_only_bs_registrations_left(env)
