@@ -72,7 +72,12 @@ def route_pattern(request: BaseRequest) -> str:
     """The pattern of the route that answered (`/devices/{pushkey}`), `unmatched` when none
     did (a 404, a 405, a request not yet routed): what metrics and the access log name a
     request by, never its path."""
-    match_info = getattr(request, "match_info", None)  # a web.Request's, once routed
+    try:
+        match_info = getattr(request, "match_info", None)  # a web.Request's, once routed
+    except AssertionError:
+        # aiohttp asserts it is set: the request of its parser's 400 (a request it could
+        # not parse) never was, and the access logger raised a traceback per such request.
+        match_info = None
     resource = getattr(getattr(match_info, "route", None), "resource", None)
     return resource.canonical if isinstance(resource, AbstractResource) else "unmatched"
 

@@ -384,8 +384,10 @@ async def cmd_rehash_tokens(args: argparse.Namespace, command_context: CommandCo
     """After a `receipts.hmac_key` rotation: registrations keep the hash of the key they
     were made under, which dead-token files of the new key's receipts never match
     (docs/receipts.md, "Rotating the HMAC key"). Idempotent; safe while serving."""
-    async with open_store(command_context) as (engine, loaded), engine.begin() as conn:
-        changed = await repo.rehash_tokens(conn, loaded.contexts[PLUGIN].token_hash)
+    async with open_store(command_context) as (engine, loaded):
+        _config(loaded)  # the plugin disabled: one line, status 2 (its tables may not exist)
+        async with engine.begin() as conn:
+            changed = await repo.rehash_tokens(conn, loaded.contexts[PLUGIN].token_hash)
     print(f"rehashed {changed} registrations under the current receipts.hmac_key")
     return 0
 
