@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.core.push import ProviderKind
 from spark_plugins.jobs import (
     JAVA_INT_MAX,
     JobOption,
@@ -209,7 +210,7 @@ SORT = ["plugin", "app_id", "token_hash", "provider"]
 # no HMAC-SHA256, an empty plugin or app, control characters, an unknown provider. Such
 # a token is counted (`tokens_not_retirable`), not written: the command refuses a whole
 # file for one line it cannot take, and would then retire nothing.
-PROVIDERS = ("apns", "fcm")  # gateway.core.push.ProviderKind
+PROVIDERS = tuple(kind.value for kind in ProviderKind)
 CONTROL = "\\p{Cntrl}"  # Java regex: [\x00-\x1f\x7f], what DeadToken's text refuses
 
 

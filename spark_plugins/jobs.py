@@ -323,6 +323,12 @@ class JobContractError(RuntimeError):
     `check` raised something other than `ValueError` (a bug of the job's)."""
 
 
+def looks_like_job(obj: object) -> bool:
+    """Whether `obj` has what the runner uses of a `SparkJob` (duck-typed: a plugin may
+    bring its own class)."""
+    return all(hasattr(obj, attr) for attr in ("name", "description", "run", "options"))
+
+
 def collect_jobs(
     results: Iterable[Any], plugins: Sequence[str] | None = None
 ) -> dict[str, SparkJob]:
@@ -336,7 +342,7 @@ def collect_jobs(
             continue
         owner = names[index] if names is not None else ""
         for job in result:
-            if not all(hasattr(job, a) for a in ("name", "description", "run", "options")):
+            if not looks_like_job(job):
                 raise TypeError(f"not a SparkJob: {job!r}")
             if job.name in jobs:
                 if names is None:

@@ -25,7 +25,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from spark_plugins.jobs import JobContractError, JobResult, OptionError, SparkJob, collect_jobs
+from spark_plugins.jobs import (
+    JobContractError,
+    JobResult,
+    OptionError,
+    SparkJob,
+    collect_jobs,
+    looks_like_job,
+)
 from spark_plugins.output import out_problem, write_result
 from spark_plugins.paths import arg_path, is_local, uri_path
 from spark_plugins.reader import receipts_problem, report_bad_input
@@ -80,7 +87,7 @@ def _hook_jobs(returned: Any) -> list[SparkJob]:
             f"its pushgw_spark_jobs hook returned {returned!r}, not a list of SparkJob"
         ) from None
     for job in found:
-        if not all(hasattr(job, attr) for attr in ("name", "description", "run", "options")):
+        if not looks_like_job(job):
             raise TypeError(f"its pushgw_spark_jobs hook returned {job!r}, not a SparkJob")
     return found
 
