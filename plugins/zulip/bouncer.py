@@ -928,7 +928,7 @@ class Bouncer:
             push = self._legacy_fcm_push(device, fcm_test_message(base_payload, int(time.time())))
         if push is not None:
             task = self._start(server.id, push, apns=kind == APNS)
-            self._log_not_started(task is None)
+            self._log_not_started(int(task is None))
             if task is not None:
                 await self._wait([task], started)
         return success()

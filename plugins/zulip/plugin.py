@@ -101,31 +101,32 @@ async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) ->
     apns_app = (
         invalid.app_id if isinstance(config.apps.get(invalid.app_id), ApnsAppConfig) else None
     )
-    found: set[tuple[str, bool, str | None]] = set()
-    rows = 0  # registrations the hash matched (stored hashes are of the current key:
-    # after a receipts.hmac_key rotation, `pushgw zulip rehash-tokens` remakes them)
 
-    def add(token: str, apns: bool, ios_app_id: str | None) -> None:
-        nonlocal rows
+    Forget = tuple[str, bool, str | None]  # token, is APNs, only for this ios_app_id
+
+    def wanted(token: str, apns: bool, ios_app_id: str | None) -> Forget | None:
+        """What to forget for one row the hash matched; None for another APNs app's row."""
         if not apns or apns_app is None:
-            found.add((token, apns, None))
-        elif ios_app_id and config.apns_app_id(ios_app_id) == apns_app:
-            found.add((token, True, ios_app_id))
-        else:
-            return
-        rows += 1
+            return token, apns, None
+        if ios_app_id and config.apns_app_id(ios_app_id) == apns_app:
+            return token, True, ios_app_id
+        return None
 
+    matched: list[Forget] = []
     async with engine.connect() as conn:
         if invalid.token is not None:
-            found.update({(invalid.token, True, None), (invalid.token, False, None)})
+            matched = [(invalid.token, True, None), (invalid.token, False, None)]
         else:
-            for row in await repo.e2ee_by_token_hash(conn, invalid.token_hash):
-                add(row.token, row.token_kind == repo.APNS_KIND, row.ios_app_id)
-            for row in await repo.legacy_by_token_hash(conn, invalid.token_hash):
-                add(row.token, row.kind == 1, row.ios_app_id)
-    for token, apns, ios_app_id in found:
+            e2ee = await repo.e2ee_by_token_hash(conn, invalid.token_hash)
+            legacy = await repo.legacy_by_token_hash(conn, invalid.token_hash)
+            rows = [wanted(r.token, r.token_kind == repo.APNS_KIND, r.ios_app_id) for r in e2ee]
+            rows += [wanted(r.token, r.kind == 1, r.ios_app_id) for r in legacy]
+            matched = [row for row in rows if row is not None]
+    for token, apns, ios_app_id in set(matched):
         await forget_token(engine, token, apns=apns, ios_app_id=ios_app_id)
-    return None if invalid.token is not None else rows
+    # registrations the hash matched (stored hashes are of the current key: after a
+    # receipts.hmac_key rotation, `pushgw zulip rehash-tokens` remakes them)
+    return None if invalid.token is not None else len(matched)
 
 
 @hookimpl
