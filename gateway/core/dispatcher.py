@@ -249,7 +249,12 @@ class Dispatcher:
                 if not await self._pause(lane.gate_until - now):
                     return self._stopped(push, lane, last, attempts)
                 continue
-            if not await lane.slots.acquire(deadline):
+            # The slots count deadlines in the loop's clock, which need not be ours: uvloop's
+            # is libuv's, on macOS `mach_continuous_time` (it counts the time the machine
+            # slept; `time.monotonic()` does not), days apart after a laptop slept. Unconverted,
+            # every push waiting for a slot was shed at once, or waited past its deadline.
+            loop_deadline = deadline - now + asyncio.get_running_loop().time()
+            if not await lane.slots.acquire(loop_deadline):
                 return self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
             started = time.monotonic()
             # Claimed here, with no await before the request: a push shed or stopped on

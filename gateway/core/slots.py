@@ -17,7 +17,8 @@ from collections import deque
 class DeadlineSlots:
     """`limit` slots; `acquire(deadline)` waits in FIFO order until a slot or the deadline.
 
-    Deadlines are `loop.time()` values (`time.monotonic()` on every standard loop).
+    Deadlines are `loop.time()` values: `time.monotonic()` on asyncio's own loop, not on
+    uvloop's on macOS (libuv counts the time the machine slept there).
     """
 
     def __init__(self, limit: int) -> None:

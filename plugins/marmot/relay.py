@@ -288,6 +288,10 @@ class RelayClient:
             disconnect = now
         if disconnect is None:  # never connected, but attempts failed since the first one
             disconnect = self.first_attempt_at if self.first_attempt_at is not None else now
+        # A disconnect "after now" was recorded by a clock since stepped back (NTP correcting
+        # a fast clock). Relays apply `since` to live events too: taken as is, it would hide
+        # every new wrap whose randomized created_at lies more than 2 days - step back.
+        disconnect = min(disconnect, now)
         since = max(disconnect, now - s.max_age) - NIP59_TIME_WINDOW - s.max_future_skew
         flt["since"] = max(0, int(since))
         return flt

@@ -12,12 +12,13 @@ errors quote statement parameters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
 import uuid as uuidlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,9 @@ FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 AuthedHandler = Callable[[web.Request, DbRow], Awaitable[web.StreamResponse]]
+# When the database work of an authenticated request (its authentication, a notify's
+# lookups) must be done: `notify_deadline` after it came (`Bouncer._authed`).
+_DB_DEADLINE = web.RequestKey("zulip_db_deadline", float)
 
 
 # --- request bodies ------------------------------------------------------------------
@@ -276,8 +280,16 @@ class Bouncer:
 
     def _authed(self, handler: AuthedHandler) -> Handler:
         async def run(request: web.Request) -> web.StreamResponse:
+            # A database that stopped answering (a partition, a failover that reset no
+            # connection, a table locked by a migration) held each request for as long:
+            # asyncpg waits 60 s to connect, a pooled connection's ping until TCP gives
+            # up (minutes), past Zulip's 15 s timeout and a notify's deadline (§1, §5.2).
+            # The database work gets `notify_deadline`, then a 503 the server retries.
+            loop = asyncio.get_running_loop()
+            request[_DB_DEADLINE] = loop.time() + self.config.notify_deadline
             try:
-                server = await self._authenticate(request)
+                async with self._database(request):
+                    server = await self._authenticate(request)
                 return await handler(request, server)
             except ZulipError as error:
                 return error.response()
@@ -285,6 +297,21 @@ class Bouncer:
                 return self._internal_error(request, exc)
 
         return run
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def _database(request: web.Request) -> AsyncIterator[None]:
+        """Database work of an authenticated request, bounded by its `_DB_DEADLINE`."""
+        try:
+            async with asyncio.timeout_at(request[_DB_DEADLINE]):
+                yield
+        except TimeoutError:
+            log.warning("zulip: %s: the database did not answer in time", request.path)
+            raise ZulipError(
+                "The push notification service's database did not answer; try again later",
+                "INTERNAL_SERVER_ERROR",
+                503,
+            ) from None
 
     @staticmethod
     def _internal_error(request: web.Request, exc: Exception) -> web.Response:
@@ -479,7 +506,7 @@ class Bouncer:
     async def e2ee_notify(self, request: web.Request, server: DbRow) -> web.Response:
         started = time.monotonic()
         notify = parse_e2ee_notify(await read_json(request))
-        async with self.engine.connect() as conn:
+        async with self._database(request), self.engine.connect() as conn:
             realm = await self._realm(conn, server, notify.realm_uuid, tolerate_unknown=False)
             assert realm is not None
             if not _can_push(server, realm):
@@ -773,7 +800,7 @@ class Bouncer:
         apple_listed = _token_list(body, "apple_devices")
         has_identity = user_id is not None or user_uuid is not None
 
-        async with self.engine.begin() as conn:
+        async with self._database(request), self.engine.begin() as conn:
             realm = None
             if realm_uuid is not None and user_uuid is not None:
                 realm = await self._realm(conn, server, realm_uuid, tolerate_unknown=True)
@@ -905,7 +932,7 @@ class Bouncer:
         if not isinstance(base_payload, dict):
             raise ZulipError("base_payload is not a dict")
         realm_uuid = body.get("realm_uuid")
-        async with self.engine.connect() as conn:
+        async with self._database(request), self.engine.connect() as conn:
             if isinstance(realm_uuid, str) and identity.user_uuid is not None:
                 await self._realm(conn, server, realm_uuid, tolerate_unknown=True)
             rows = await repo.legacy_user_devices(
