@@ -73,6 +73,11 @@ def _broken_at_gaps(
     return xs, ys
 
 
+# Legends beside the panels, not inside them: inside, they hid the first hours' bars
+# and points (a single hour's p95 and p99 entirely).
+_LEGEND: dict[str, Any] = {"loc": "upper left", "bbox_to_anchor": (1.005, 1.0)}
+
+
 def chart_png(hourly: list[dict[str, Any]]) -> bytes:
     """Three panels over time: volume (ok / failed), success rate, latency p50/p95/p99."""
     import matplotlib
@@ -94,7 +99,7 @@ def chart_png(hourly: list[dict[str, Any]]) -> bytes:
         bars = {"width": 1 / 24, "align": "edge", "linewidth": 0, "antialiased": False}
         vol.bar(hours, ok, color="#4c9a2a", label="ok", **bars)
         vol.bar(hours, failed, bottom=ok, color="#c0392b", label="not ok", **bars)
-        vol.legend(loc="upper left")
+        vol.legend(**_LEGEND)
         rate.plot(
             *_broken_at_gaps(hours, _col(rows, "success_rate", 100)), marker=".", color="#1f77b4"
         )
@@ -110,7 +115,7 @@ def chart_png(hourly: list[dict[str, Any]]) -> bytes:
                 color=colour,
                 label=column.removeprefix("latency_"),
             )
-        lat.legend(loc="upper left")
+        lat.legend(**_LEGEND)
     else:
         empty = "no hours to plot" if hourly else "no receipts"
         vol.text(0.5, 0.5, empty, ha="center", va="center", transform=vol.transAxes)
@@ -143,8 +148,20 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         if value != value:  # NaN
             return ""
-        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+        # 4 significant digits below 1000 (0.9123, 45.67), whole numbers from there on:
+        # a p99 of 12,346 ms, not "1.235e+04"
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
+
+
+def _period(hourly: list[dict[str, Any]]) -> str:
+    """The hours the rows cover, for the page: " between 2025-01-01 00:00 and
+    2025-01-03 00:00 UTC" (start of the first hour, end of the last), or ""."""
+    hours = [hour for r in hourly if (hour := _hour(r.get("hour"))) is not None]
+    if not hours:
+        return ""
+    first, end = min(hours), max(hours) + _ONE_HOUR
+    return f" between {first:%Y-%m-%d %H:%M} and {end:%Y-%m-%d %H:%M} UTC"
 
 
 MAX_PAGE_GROUPS = 200  # rows of the page's group table; summary.csv has every group
@@ -190,6 +207,12 @@ def report_html(
     bad_rows = [
         [b.file, b.line if b.line is not None else "", b.text[:120]] for b in stats.bad_lines
     ]
+    skipped = _table(["file", "line", "start of line"], bad_rows) if bad_rows else ""
+    if stats.bad > len(bad_rows):  # the listing stops at max_bad_lines (0: none listed)
+        skipped += (
+            f"<p>{_fmt(stats.bad)} skipped in {_fmt(len(stats.bad_files))} files in all; "
+            f"{_fmt(len(bad_rows)) if bad_rows else 'none'} listed (option max_bad_lines).</p>"
+        )
     image = base64.b64encode(png).decode()
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>pushgw delivery report</title>
@@ -201,14 +224,14 @@ th {{ background: #f4f4f4; }} td:nth-child(-n+3) {{ text-align: left; }}
 img {{ max-width: 100%; }}
 </style></head><body>
 <h1>pushgw delivery report</h1>
-<p>{_fmt(metrics.get("receipts"))} receipts over {_fmt(metrics.get("hours"))} hours from
-{_fmt(stats.files)} files; success rate {_fmt(metrics.get("success_rate"))};
-{_fmt(stats.bad)} bad lines skipped.</p>
+<p>{_fmt(metrics.get("receipts"))} receipts in {_fmt(metrics.get("hours"))} hours with
+receipts{_period(hourly)}, from {_fmt(stats.files)} files; success rate
+{_fmt(metrics.get("success_rate")) or "-"}; {_fmt(stats.bad)} bad lines skipped.</p>
 <img alt="volume, success rate and latency per hour" src="data:image/png;base64,{image}">
 <h2>Per plugin, provider and app</h2>
 {shown}{_table(GROUP_HEADERS, groups)}
 <h2>Skipped receipt lines</h2>
-{_table(["file", "line", "start of line"], bad_rows) if bad_rows else "<p>none</p>"}
+{skipped or "<p>none</p>"}
 <p>Hours are UTC, latencies in milliseconds. Tables: summary.csv, reasons.csv,
 hourly.csv (and Parquet); see docs/spark.md.</p>
 </body></html>
