@@ -125,6 +125,12 @@ def _env_origin(
     return None
 
 
+def _key_path(loc: Sequence[str]) -> str:
+    """`server.port`; a key that is not printable (a newline in a YAML key) quoted, so
+    that each problem stays one line."""
+    return ".".join(p if p.isprintable() else repr(p) for p in loc)
+
+
 def config_error(
     problems: Iterable[Problem],
     source: str | None,
@@ -145,12 +151,12 @@ def config_error(
         origin = _env_origin(origins, loc)
         inside = [n for p, n in sorted(origins.items()) if p[: len(loc)] == loc] if below else []
         if origin is None and loc and inside:
-            lines.append((inside[0], f"{'.'.join(loc)}: {msg}"))
+            lines.append((inside[0], f"{_key_path(loc)}: {msg}"))
         elif origin is None:
-            lines.append((None, f"{'.'.join(loc) or '<root>'}: {msg}"))
+            lines.append((None, f"{_key_path(loc) or '<root>'}: {msg}"))
         else:
             length, name = origin
-            rest = ".".join(loc[length:])
+            rest = _key_path(loc[length:])
             lines.append((name, f"{rest}: {msg}" if rest else msg))
     if all(name is None for name, _ in lines):
         return ConfigError([text for _, text in lines], source)

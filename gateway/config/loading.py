@@ -40,6 +40,11 @@ def yaml_document(data: bytes) -> Any:
         document = yaml.safe_load(text)
     except RecursionError:  # PyYAML builds nested collections recursively
         raise ValueError(nested_too_deeply("YAML document")) from None
+    except yaml.reader.ReaderError as exc:  # a control character: its str() spans lines
+        line = text.count("\n", 0, exc.position) + 1
+        raise ValueError(
+            f"line {line}: invalid YAML (character #x{exc.character:04x}: {exc.reason})"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.api import ApnsOptions, Outcome, PluginContext, Push, PushPolicy, Receipt
@@ -108,8 +109,17 @@ async def read_form(request: web.Request, max_size: int | None = None) -> dict[s
             data = await source.post()
         except web.HTTPRequestEntityTooLarge:
             raise ZulipError("Request body too large", status=413) from None
-        # RequestPayloadError: a body its Content-Encoding does not decode.
-        except (ValueError, LookupError, AssertionError, web.RequestPayloadError):
+        # RequestPayloadError: a body its Content-Encoding does not decode. A multipart
+        # part's header line too long, too many or malformed (HttpProcessingError), or
+        # an unknown Content-Transfer-Encoding (RuntimeError): the client's mistakes too.
+        except (
+            ValueError,
+            LookupError,
+            AssertionError,
+            RuntimeError,
+            HttpProcessingError,
+            web.RequestPayloadError,
+        ):
             raise ZulipError("Malformed form body") from None
         except ConnectionError:  # the client left before the end of its body: not our bug
             raise ZulipError("Request body incomplete") from None
