@@ -206,6 +206,13 @@ def configure(level: str = "INFO", json_format: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     quiet_third_party(level)
+    filter_unreadable_requests()
+
+
+def filter_unreadable_requests() -> None:
+    """Install `UnreadableBodyFilter` on aiohttp's server logger (once, however often
+    called): `configure` does, and so does the test harness, whose tests see the log
+    lines production writes."""
     logging.getLogger("aiohttp.server").addFilter(_UNREADABLE_BODY)  # the same one: once
 
 

@@ -94,6 +94,7 @@ class GatewayHarness:
         # so that a test of what reaches the log sees what production writes.
         settings = self.gateway.settings
         access_log = logging.getLogger("aiohttp.access") if settings.logging.access_log else None
+        logs.filter_unreadable_requests()  # a client's unparsable request: one INFO line
         server = TestServer(app)
         client = TestClient(server)
         try:
