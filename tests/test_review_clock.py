@@ -10,7 +10,9 @@ nothing sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -92,6 +94,27 @@ def _dispatcher(client: _HeldClient, receipts: list[Receipt]) -> Dispatcher:
     return dispatcher
 
 
+@contextlib.asynccontextmanager
+async def _started_with_loop_clock_off(
+    offset: float, client: _HeldClient
+) -> AsyncIterator[Dispatcher]:
+    """A started dispatcher on a loop whose `time()` is `offset` from `time.monotonic()`;
+    the held push released and the clock restored on the way out."""
+    loop = asyncio.get_running_loop()
+    real = type(loop).time
+    loop.time = lambda: real(loop) + offset  # type: ignore[method-assign]
+    try:
+        dispatcher = _dispatcher(client, [])
+        await dispatcher.start()
+        try:
+            yield dispatcher
+        finally:
+            client.release.set()
+            await dispatcher.close()
+    finally:
+        del loop.time
+
+
 @pytest.mark.parametrize("offset", [3 * DAY, -3 * DAY])
 async def test_a_push_waiting_for_a_slot_is_not_shed_when_the_loop_clock_is_not_time_monotonic(
     offset: float,
@@ -102,28 +125,16 @@ async def test_a_push_waiting_for_a_slot_is_not_shed_when_the_loop_clock_is_not_
     are `time.monotonic()` values; the lane's slots compared them with `loop.time()`, so
     every push that had to wait for a slot was shed at once as `deadline_exceeded`
     (loop clock ahead), or waited past its deadline (loop clock behind)."""
-    loop = asyncio.get_running_loop()
-    real = type(loop).time
-    loop.time = lambda: real(loop) + offset  # type: ignore[method-assign]
-    try:
-        client = _HeldClient()
-        receipts: list[Receipt] = []
-        dispatcher = _dispatcher(client, receipts)
-        await dispatcher.start()
-        try:
-            first = dispatcher.submit(Push("p", "android", "f1", {"data": {"k": "v"}}))
-            await client.holding.wait()
-            second = dispatcher.submit(Push("p", "android", "f2", {"data": {"k": "v"}}))
-            for _ in range(20):  # let the second push reach the slot wait (or be shed)
-                await asyncio.sleep(0)
-            assert not second.done(), (await second).reason
-            client.release.set()
-            one, two = await first, await second
-        finally:
-            client.release.set()
-            await dispatcher.close()
-    finally:
-        del loop.time
+    client = _HeldClient()
+    async with _started_with_loop_clock_off(offset, client) as dispatcher:
+        first = dispatcher.submit(Push("p", "android", "f1", {"data": {"k": "v"}}))
+        await client.holding.wait()
+        second = dispatcher.submit(Push("p", "android", "f2", {"data": {"k": "v"}}))
+        for _ in range(20):  # let the second push reach the slot wait (or be shed)
+            await asyncio.sleep(0)
+        assert not second.done(), (await second).reason
+        client.release.set()
+        one, two = await first, await second
     assert (one.outcome, two.outcome) == (Outcome.OK, Outcome.OK), two.reason
     assert client.sent == ["f1", "f2"]
 
@@ -135,29 +146,17 @@ async def test_a_push_waiting_for_a_slot_is_shed_at_its_deadline_whatever_the_lo
     """The other half: with the loop clock behind `time.monotonic()`, the slot timer was
     armed `offset` too late and a push whose deadline passed while every slot was busy
     waited for days (its caller's HTTP answer with it) instead of ending at its deadline."""
-    loop = asyncio.get_running_loop()
-    real = type(loop).time
-    loop.time = lambda: real(loop) + offset  # type: ignore[method-assign]
-    try:
-        client = _HeldClient()
-        receipts: list[Receipt] = []
-        dispatcher = _dispatcher(client, receipts)
-        await dispatcher.start()
-        try:
-            first = dispatcher.submit(Push("p", "android", "f1", {"data": {"k": "v"}}))
-            await client.holding.wait()
-            # Submitted long enough ago that its 1 s deadline is 10 ms away.
-            late = Push("p", "android", "f2", {"data": {"k": "v"}}, policy=PushPolicy(deadline=1))
-            late.submitted = time.monotonic() - 0.99
-            # A guard, not a timing assert: the bug made this wait `offset` seconds.
-            shed = await asyncio.wait_for(dispatcher.send(late), 30)
-            client.release.set()
-            await first
-        finally:
-            client.release.set()
-            await dispatcher.close()
-    finally:
-        del loop.time
+    client = _HeldClient()
+    async with _started_with_loop_clock_off(offset, client) as dispatcher:
+        first = dispatcher.submit(Push("p", "android", "f1", {"data": {"k": "v"}}))
+        await client.holding.wait()
+        # Submitted long enough ago that its 1 s deadline is 10 ms away.
+        late = Push("p", "android", "f2", {"data": {"k": "v"}}, policy=PushPolicy(deadline=1))
+        late.submitted = time.monotonic() - 0.99
+        # A guard, not a timing assert: the bug made this wait `offset` seconds.
+        shed = await asyncio.wait_for(dispatcher.send(late), 30)
+        client.release.set()
+        await first
     assert (shed.outcome, shed.reason, shed.attempts) == (
         Outcome.TRANSIENT,
         "deadline_exceeded",
