@@ -549,6 +549,19 @@ class _ApnsPool(APNsBaseConnectionPool):
             except BaseException:
                 sock.close()
                 raise
+        # HTTP/2 over TLS is negotiated by ALPN (RFC 9113 section 3.2). A server that did
+        # not select h2 (an HTTP/1.1 endpoint, a wrong host or port) was sent the HTTP/2
+        # preface regardless: it answered in HTTP/1.1, which h2 buffers silently, and
+        # the send failed as a bare "connection closed" (or timed out, when the server
+        # kept the connection open) after the provider JWT had gone out. Refuse it here,
+        # before any request, with an error that says what is wrong.
+        ssl_object = protocol.transport.get_extra_info("ssl_object") if protocol.transport else None
+        alpn = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
+        if alpn != "h2":
+            protocol.close()
+            raise ConnectionError(
+                f"APNs server {host}:{port} did not negotiate HTTP/2 (ALPN h2; got {alpn!r})"
+            )
         return protocol
 
     async def acquire(self) -> APNsBaseClientProtocol:

@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import ssl
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -159,7 +160,7 @@ class FcmClient:
                 log.warning(
                     "FCM app %s: no OAuth token at start (%s); retrying on first send",
                     self.app_id,
-                    type(exc).__name__,
+                    _token_error(exc),
                 )
 
     def ready(self) -> bool:
@@ -184,7 +185,7 @@ class FcmClient:
             await self._refresh(self._generation)
         except Exception as exc:  # the next send reports it (transient or auth)
             log.warning(
-                "FCM app %s: OAuth token refresh failed (%s)", self.app_id, type(exc).__name__
+                "FCM app %s: OAuth token refresh failed (%s)", self.app_id, _token_error(exc)
             )
 
     def validate(self, push: Push) -> Attempt | None:
@@ -314,7 +315,7 @@ class FcmClient:
             return Attempt(
                 Outcome.TRANSIENT,
                 reason=Reason.CONNECTION_ERROR,
-                detail=f"OAuth token request failed ({type(exc).__name__})",
+                detail=f"OAuth token request failed ({_token_error(exc)})",
             )
         return None
 
@@ -324,7 +325,7 @@ class FcmClient:
         except Exception as exc:
             self._refresh_at = time.monotonic() + 30.0  # the current token is still valid
             log.warning(
-                "FCM app %s: OAuth token refresh failed (%s)", self.app_id, type(exc).__name__
+                "FCM app %s: OAuth token refresh failed (%s)", self.app_id, _token_error(exc)
             )
 
     async def _refresh(self, generation: int) -> None:
@@ -385,6 +386,24 @@ class FcmClient:
             now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
             lifetime = (expiry.replace(tzinfo=None) - now).total_seconds()
         return token, max(lifetime, 0.0)
+
+
+def _token_error(exc: BaseException) -> str:
+    """The kind of a failed token request, for logs and receipts.
+
+    Only the type is shown (google-auth's messages may quote the endpoint's answer),
+    which for every network failure is google-auth's `TransportError`: a token endpoint
+    whose certificate does not verify (a missing `ca_file`, a wrong host) looked like
+    any outage. OpenSSL's verification message, found in the chain, names no secret.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"{type(exc).__name__}: certificate verify failed: {cause.verify_message}"
+        cause = cause.__cause__ or cause.__context__
+    return type(exc).__name__
 
 
 def _describe(exc: BaseException) -> str:
