@@ -94,6 +94,7 @@ e2ee_devices = Table(
     UniqueConstraint("realm_id", "token_id", name="uq_zulip_e2ee_devices_realm_token_id"),
     Index("ix_zulip_e2ee_devices_token_hash", "token_hash"),
     Index("ix_zulip_e2ee_devices_token_key", "token_key"),
+    Index("ix_zulip_e2ee_devices_expired_at", "expired_at"),  # gc (zulip_0002)
 )
 
 legacy_devices = Table(
@@ -120,4 +121,5 @@ legacy_devices = Table(
     ),
     Index("ix_zulip_legacy_devices_token_key", "token_key"),
     Index("ix_zulip_legacy_devices_token_hash", "token_hash"),
+    Index("ix_zulip_legacy_devices_realm_id", "realm_id"),  # gc, FK (zulip_0002)
 )
