@@ -26,6 +26,11 @@ PLATFORMS = {"production": "production", "prod": "production", "sandbox": "sandb
 UID_OID = "0.9.2342.19200300.100.1.1"
 
 CoreApp = ApnsAppConfig | FcmAppConfig
+# Synapse gives up on a notify request whose answer has not started within 60 s
+# (element-hq/synapse:synapse/http/client.py, `timeout_deferred(..., timeout=60)`) and
+# retries the event later: a deadline that long lets pushgw deliver what Synapse then
+# sends again.
+HOMESERVER_TIMEOUT = 60.0
 
 
 class MatrixAppConfig(ConfigModel):
@@ -224,6 +229,13 @@ class MatrixConfig(ConfigModel):
                 problems.append(f"apps.{name}: {_message(exc)}")
         if problems:
             raise ValueError("; ".join(problems))
+        if self.notify_deadline >= HOMESERVER_TIMEOUT:
+            log.warning(
+                "plugins.matrix.notify_deadline: %g s is not below Synapse's %g s request "
+                "timeout; a push answered after it is retried by the homeserver (delivered twice)",
+                self.notify_deadline,
+                HOMESERVER_TIMEOUT,
+            )
         self._core = core
         return self
 

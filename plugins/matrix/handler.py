@@ -37,6 +37,10 @@ log = logging.getLogger("plugins.matrix")
 __all__ = ["MatrixFrontend"]
 
 NOTIFY_PATH = "/_matrix/push/v1/notify"
+PUSH_PREFIX = "/_matrix/push/"
+# The Push Gateway API's answer to an unknown endpoint (404) or method (405):
+# matrix-org/matrix-spec:content/push-gateway-api.md, "Unsupported endpoints".
+_UNRECOGNIZED = json.dumps({"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request"})
 # Answers that reject the pushkey although the core classifies them `permanent`.
 _REJECTING_REASONS = frozenset({"TopicDisallowed", Reason.PAYLOAD_TOO_LARGE})
 _MIN_DEADLINE = 0.05
@@ -146,6 +150,8 @@ class MatrixFrontend:
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_route("*", NOTIFY_PATH, self.notify)
+        # After the notify route: every other path of the API is an unknown endpoint.
+        router.add_route("*", PUSH_PREFIX + "{tail:.*}", self.unrecognized)
         router.add_get("/health", self.health)  # allow_head: HEAD answers too
 
     # --- endpoints -------------------------------------------------------------------
@@ -154,9 +160,14 @@ class MatrixFrontend:
         log.debug("health check")
         return web.Response(status=200)
 
+    async def unrecognized(self, request: web.Request) -> web.Response:
+        raise web.HTTPNotFound(text=_UNRECOGNIZED, content_type="application/json")
+
     async def notify(self, request: web.Request) -> web.StreamResponse:
         if request.method != "POST":
-            raise web.HTTPMethodNotAllowed(request.method, ["POST"])
+            raise web.HTTPMethodNotAllowed(
+                request.method, ["POST"], text=_UNRECOGNIZED, content_type="application/json"
+            )
         started = time.perf_counter()
         if self.sygnal:
             gauge = self.metrics.requests_in_flight
