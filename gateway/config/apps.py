@@ -8,7 +8,9 @@ whose message never carries key material.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import ConfigModel, ExistingFile, TrustStore
+
+log = logging.getLogger("gateway.config")
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
@@ -172,6 +176,14 @@ class FcmAppConfig(ConfigModel):
             raise ValueError("the only placeholder allowed is {project_id}") from None
         if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
             raise ValueError("expected an http:// or https:// URL") from None
+        _warn_if_cleartext("send_url", url)
+        return value
+
+    @field_validator("token_uri")
+    @classmethod
+    def _token_uri_scheme(cls, value: str | None) -> str | None:
+        if value is not None:
+            _warn_if_cleartext("token_uri", value)
         return value
 
     def check_credentials(self) -> None:
@@ -221,6 +233,28 @@ class FcmAppConfig(ConfigModel):
         if not isinstance(project_id, str) or not project_id:
             raise CredentialError("project_id", "not set, and the service account names none")
         return ServiceAccount(credential, project_id)
+
+
+def _warn_if_cleartext(field: str, url: str) -> None:
+    """Warn of an FCM endpoint in plain http:// on another machine: the OAuth bearer
+    token (and, for `token_uri`, the signed assertion that gets one) would cross the
+    network readable. Loopback is a simulator or a local proxy: allowed quietly, as the
+    example configs do."""
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return
+    host = parts.hostname or ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost" or host.endswith(".localhost")
+    if not loopback:
+        log.warning(
+            "%s is plain http:// to %s: the FCM credentials it carries cross the network "
+            "unencrypted; use https://",
+            field,
+            host,
+        )
 
 
 AppConfig = Annotated[ApnsAppConfig | FcmAppConfig, Field(discriminator="type")]

@@ -321,3 +321,32 @@ async def test_marmot_relay_trusts_the_operators_ca(
     sink = _Sink()
     relay = RelayClient(url, ServerKey.generate(), sink, RelaySettings())  # type: ignore[arg-type]
     await _run_until(relay, sink, RelayState.SUBSCRIBED)
+
+
+# --- FCM endpoints in plain http:// ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "url", "warned"),
+    [
+        ("send_url", "http://fcm.example.net/v1/projects/{project_id}/messages:send", True),
+        ("token_uri", "http://oauth.example.net/token", True),
+        ("send_url", "http://127.0.0.1:4080/v1/projects/{project_id}/messages:send", False),
+        ("send_url", "http://[::1]:4080/{project_id}", False),
+        ("token_uri", "http://localhost:4080/token", False),
+        ("send_url", "https://fcm.example.net/v1/projects/{project_id}/messages:send", False),
+    ],
+)
+def test_fcm_endpoint_in_cleartext_to_another_machine_is_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, field: str, url: str, warned: bool
+) -> None:
+    """The bearer token (and the signed assertion that gets one) would cross the network
+    readable; a loopback simulator or proxy is fine, as config/local.yaml uses."""
+    account = tmp_path / "sa.json"
+    account.write_text("{}")
+    with caplog.at_level(logging.WARNING, logger="gateway.config"):
+        FcmAppConfig.model_validate({"service_account_file": str(account), field: url})
+    warnings = [r.getMessage() for r in caplog.records if r.name == "gateway.config"]
+    assert bool(warnings) is warned, warnings
+    if warned:
+        assert warnings[0].startswith(f"{field} is plain http:// to ")
