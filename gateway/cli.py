@@ -587,6 +587,7 @@ def _command_logging() -> None:
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE
+EXIT_INTERRUPTED = 128 + 2  # Ctrl-C (SIGINT), as a shell reports
 
 
 def _stdout_closed() -> int:
@@ -652,6 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sys.stdout.flush()  # here, not at exit, so that a reader gone away is seen
     except BrokenPipeError:
         return _stdout_closed()
+    except KeyboardInterrupt:  # Ctrl-C before the command ran (loading plugins, say)
+        return EXIT_INTERRUPTED
     except OutputError as exc:
         _discard_stdout()
         print(f"pushgw: error: cannot write to stdout: {exc}", file=sys.stderr)
@@ -683,7 +686,7 @@ def _run_command(argv: Sequence[str] | None) -> int:
         print(f"pushgw: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except (BrokenPipeError, OutputError):
         raise  # stdout's failures, handled by `main`
     except Exception as exc:

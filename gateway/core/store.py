@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,31 @@ class Store:
         revisions the database holds: a plugin disabled after its branch was applied
         leaves its revision there, which Alembic must find to upgrade anything.
         """
-        await asyncio.to_thread(upgrade, self.url, version_locations, known)
+        # In a daemon thread, not asyncio's executor: that one is waited for on the way
+        # out, so Ctrl-C while the migration waits (for another process's migration lock,
+        # a database that does not answer) would not end the command until the wait did.
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if done.done():  # cancelled (Ctrl-C)
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                upgrade(self.url, version_locations, known)
+            except BaseException as exc:
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=run, name="pushgw-migrate", daemon=True).start()
+        await done
 
     async def close(self) -> None:
         await self.engine.dispose()

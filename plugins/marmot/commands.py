@@ -30,7 +30,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     keygen.add_argument("--json", action="store_true", help="print JSON")
     keygen.set_defaults(handler=cmd_keygen)
     pubkey = sub.add_parser("pubkey", help="print the configured server public key")
-    pubkey.add_argument("--config", "-c", help="config file (default: $PUSHGW_CONFIG)")
+    # Unset unless given here: `pushgw -c FILE marmot pubkey` keeps the FILE given before.
+    pubkey.add_argument(
+        "--config",
+        "-c",
+        default=argparse.SUPPRESS,
+        help="config file (default: $PUSHGW_CONFIG)",
+    )
     pubkey.add_argument("--json", action="store_true", help="print JSON")
     pubkey.set_defaults(handler=cmd_pubkey)
     marmot.set_defaults(handler=lambda args, ctx: (marmot.print_help(), 2)[1])
