@@ -14,17 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-PUSHGW = [sys.executable, "-m", "gateway.cli"]
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*PUSHGW, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
+from tests.test_cli import PUSHGW, run
 
 
 def _marmot_config(tmp_path: Path) -> Path:

@@ -270,7 +270,3 @@ async def db_env(
     """The gateway on SQLite and on PostgreSQL (skipped with a reason when unreachable)."""
     async with _running(tmp_path, sims, request, store_url) as running:
         yield running
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "zulip_config(**section): override plugins.zulip keys")
