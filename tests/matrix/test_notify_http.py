@@ -501,9 +501,8 @@ async def test_broken_app_does_not_delay_another(post: Post, apns: ApnsSimulator
     apns.script(slow_hex, ApnsResponse(503, "ServiceUnavailable"))
     task = asyncio.create_task(post(notification([device(IOS, slow)])))
     await apns.wait_for_requests(1)
-    started = time.monotonic()
     assert await post(notification([device(ANDROID, fcm_pushkey())])) == (200, {"rejected": []})
-    assert time.monotonic() - started < 1.0
+    assert not task.done()  # answered while the broken app still retries to its deadline
     assert (await task)[0] == 502
 
 
