@@ -13,29 +13,24 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
-from gateway.config import DeliveryConfig
-from gateway.context import TokenHasher
 from gateway.core.dispatcher import Dispatcher
-from gateway.core.metrics import Metrics
 from gateway.core.push import (
     Attempt,
-    InvalidToken,
     Outcome,
-    ProviderKind,
     Push,
     PushPolicy,
-    Receipt,
 )
-from gateway.core.tokens import InvalidationGuard, TokenInvalidation
+from gateway.core.tokens import InvalidationGuard
 from plugins.marmot.keys import ServerKey
 from plugins.marmot.limits import KeyedLimiter, TtlLru
 from plugins.marmot.nostr import NIP59_TIME_WINDOW
 from plugins.marmot.relay import RelayClient, RelaySettings, RelayState
 from plugins.zulip.auth import RateLimiter
+from tests.core.test_dispatcher import ScriptedClient, scripted_dispatcher
+from tests.marmot.test_config_limits import _Sink
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -44,54 +39,21 @@ DAY = 86400.0
 # --- dispatcher: the slot wait and the loop's clock ------------------------------------------
 
 
-class _HeldClient:
+class _HeldClient(ScriptedClient):
     """One slot; the first push holds it until `release` is set."""
 
-    kind = ProviderKind.FCM
-    app_id = "android"
     max_in_flight = 1
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.holding = asyncio.Event()
-        self.sent: list[str] = []
+        super().__init__("android", self._answer)
 
-    def validate(self, push: Push) -> Attempt | None:
-        return None
-
-    async def start(self) -> None:
-        pass
-
-    async def send(self, push: Push) -> Attempt:
-        self.sent.append(push.token)
-        if len(self.sent) == 1:
+    async def _answer(self, push: Push) -> Attempt:
+        if len(self.sent) == 1:  # `send` recorded this push before asking
             self.holding.set()
             await self.release.wait()
         return Attempt(Outcome.OK, status=200)
-
-    async def refresh_credentials(self) -> None:
-        pass
-
-    def ready(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        pass
-
-
-def _dispatcher(client: _HeldClient, receipts: list[Receipt]) -> Dispatcher:
-    async def sink(_push: Push, receipt: Receipt) -> None:
-        receipts.append(receipt)
-
-    async def notify(_invalid: InvalidToken) -> None:
-        pass
-
-    metrics = Metrics()
-    dispatcher = Dispatcher(
-        DeliveryConfig(), metrics, TokenInvalidation(None, metrics, notify), TokenHasher(b"k"), sink
-    )
-    dispatcher.add_app("p", client.app_id, client)
-    return dispatcher
 
 
 @contextlib.asynccontextmanager
@@ -104,7 +66,7 @@ async def _started_with_loop_clock_off(
     real = type(loop).time
     loop.time = lambda: real(loop) + offset  # type: ignore[method-assign]
     try:
-        dispatcher = _dispatcher(client, [])
+        dispatcher = scripted_dispatcher(client, [])
         await dispatcher.start()
         try:
             yield dispatcher
@@ -166,14 +128,6 @@ async def test_a_push_waiting_for_a_slot_is_shed_at_its_deadline_whatever_the_lo
 
 
 # --- marmot: the relay subscription window after a backward step -----------------------------
-
-
-class _Sink:
-    def on_event(self, *a: Any) -> None: ...
-    def on_oversize(self, *a: Any) -> None: ...
-    def on_malformed(self, *a: Any) -> None: ...
-    def on_unrequested(self, *a: Any) -> None: ...
-    def on_state(self, *a: Any) -> None: ...
 
 
 @pytest.mark.parametrize("step", [HOUR, DAY])
