@@ -689,11 +689,17 @@ async def test_concurrency_grows_after_settings(
     client = await make_client(max_connections=1)
     tokens = [token() for _ in range(20)]
     for tok in tokens:
-        sim.script(tok, ApnsResponse.ok(delay=0.2))
-    started = time.monotonic()
-    results = await asyncio.gather(*(send(client, push_for(t), secrets_seen) for t in tokens))
-    assert {r.outcome for r in results} == {Outcome.OK}
-    assert time.monotonic() - started < 1.0  # one at a time would take 4 s
+        # answered long after the test ends: the 20 requests can only all arrive if they
+        # are in flight together, on the one connection, once the server's SETTINGS came
+        sim.script(tok, ApnsResponse.ok(delay=600))
+    sending = asyncio.gather(*(send(client, push_for(t), secrets_seen) for t in tokens))
+    try:
+        arrived = await sim.wait_for_requests(len(tokens))
+    finally:
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+    assert {r.token for r in arrived} == set(tokens)
+    assert {r.connection_id for r in arrived} == {arrived[0].connection_id}
     assert sim.connections_opened == 1
 
 
