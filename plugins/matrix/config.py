@@ -229,15 +229,27 @@ class MatrixConfig(ConfigModel):
                 problems.append(f"apps.{name}: {_message(exc)}")
         if problems:
             raise ValueError("; ".join(problems))
-        if self.notify_deadline >= HOMESERVER_TIMEOUT:
+        self._core = core
+        self._warn_if_answer_can_outlast_homeserver()
+        return self
+
+    def _warn_if_answer_can_outlast_homeserver(self) -> None:
+        """A request started before the deadline is let finish (its answer is definite;
+        cut off, the push would end unknown): a notify can be answered as late as
+        `notify_deadline` plus the slowest app's `request_timeout`."""
+        slowest = max(self._core.items(), key=lambda item: item[1].request_timeout)
+        latest = self.notify_deadline + slowest[1].request_timeout
+        if latest >= HOMESERVER_TIMEOUT:
             log.warning(
-                "plugins.matrix.notify_deadline: %g s is not below Synapse's %g s request "
-                "timeout; a push answered after it is retried by the homeserver (delivered twice)",
+                "plugins.matrix.notify_deadline: %g s, plus request_timeout %g s of app %r "
+                "for a request still in flight at the deadline, is not below Synapse's %g s "
+                "request timeout; a push answered after it is retried by the homeserver "
+                "(delivered twice)",
                 self.notify_deadline,
+                slowest[1].request_timeout,
+                slowest[0],
                 HOMESERVER_TIMEOUT,
             )
-        self._core = core
-        return self
 
     @property
     def core_apps(self) -> dict[str, CoreApp]:

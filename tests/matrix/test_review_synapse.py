@@ -503,3 +503,18 @@ def test_notify_deadline_past_synapse_timeout_warns(
         MatrixConfig.model_validate({"apps": apps, "notify_deadline": 90})
     [record] = [r for r in caplog.records if "notify_deadline" in r.getMessage()]
     assert record.levelno == logging.WARNING and "60" in record.getMessage()
+
+
+def test_deadline_plus_request_timeout_past_synapse_timeout_warns(
+    apns: ApnsSimulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request in flight at `notify_deadline` is let finish, up to its app's
+    `request_timeout`: 45 s + 20 s can answer after Synapse's 60 s, so start-up says so
+    and names the app whose timeout it is."""
+    apps = {IOS: apns_app_config(apns, tmp_path, request_timeout=20.0)}
+    with caplog.at_level(logging.WARNING, logger="plugins.matrix"):
+        MatrixConfig.model_validate({"apps": apps, "notify_deadline": 35})
+        assert not [r for r in caplog.records if "notify_deadline" in r.getMessage()]
+        MatrixConfig.model_validate({"apps": apps, "notify_deadline": 45})
+    [record] = [r for r in caplog.records if "notify_deadline" in r.getMessage()]
+    assert "request_timeout 20" in record.getMessage() and IOS in record.getMessage()
