@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,57 @@ def yaml_document(data: bytes) -> Any:
     problem = nesting_problem(document, "YAML document")
     if problem:
         raise ValueError(problem)
+    _join_surrogates(document)
     return document
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _joined(text: str, path: list[str]) -> str:
+    """`text` with its UTF-16 surrogate pairs as the characters they stand for;
+    `ValueError` naming the key path for a lone surrogate.
+
+    PyYAML reads `"\\ud83d\\udd14"` (how JSON tools and JavaScript escape 🔔) as two
+    lone surrogates, where JSON, which YAML 1.2 reads, means one character. A lone
+    surrogate has no UTF-8 form: every push or answer carrying it would fail.
+    """
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    try:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError:
+        # A key may be the culprit: escaped, so that the message itself can be printed.
+        where = ".".join(path).encode("utf-8", "backslashreplace").decode() or "the document"
+        raise ValueError(
+            f"{where}: a lone UTF-16 surrogate escape (\\udXXX) is no character; "
+            "write the character itself or its \\UXXXXXXXX escape"
+        ) from None
+
+
+def _join_surrogates(document: Any) -> None:
+    """Apply `_joined` to every string of `document`, keys included, in place (the
+    document is fresh from the parser). Iterative: its nesting is bounded, not small."""
+    stack: list[tuple[Any, list[str]]] = [(document, [])]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            items = [
+                (_joined(k, [*path, k]) if isinstance(k, str) else k, v) for k, v in node.items()
+            ]
+            node.clear()
+            node.update(items)
+            for key, value in items:
+                if isinstance(value, str):
+                    node[key] = _joined(value, [*path, str(key)])
+                else:
+                    stack.append((value, [*path, str(key)]))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                if isinstance(value, str):
+                    node[i] = _joined(value, [*path, str(i)])
+                else:
+                    stack.append((value, [*path, str(i)]))
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
