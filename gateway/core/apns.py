@@ -69,7 +69,7 @@ from h2.exceptions import H2Error, NoAvailableStreamIDError
 from hpack import NeverIndexedHeaderTuple
 
 from gateway.config import ApnsAppConfig
-from gateway.core.classify import classify_apns
+from gateway.core.classify import APNS_RECONNECT, classify_apns
 from gateway.core.http import ca_bundle, parse_retry_after, resolve_proxy, ssl_context
 from gateway.core.push import Attempt, Outcome, ProviderKind, Push, Reason
 
@@ -280,6 +280,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         self.free_channels = _StreamSlots(1)
         self._flush_scheduled = False
         self._last_write = 0.0
+        self._retired = False  # out of the pool; closes when its last stream ends
         # Huffman coding saves a third of the header bytes and costs ~100 µs of CPU per
         # request in pure-Python hpack: on a provider link, CPU is the scarcer resource.
         self.conn.encoder.encode = partial(self.conn.encoder.encode, huffman=False)  # type: ignore[method-assign]
@@ -323,6 +324,22 @@ class _ApnsProtocol(APNsTLSClientProtocol):
             self.inactivity_timer = self.loop.call_later(
                 self.INACTIVITY_TIME - idle, self._idle_check
             )
+
+    def retire(self) -> None:
+        """Take no new request, and close once the streams still open have ended.
+
+        After an answer in `APNS_RECONNECT` the retry must go to another connection,
+        while the other requests on this one may still get their answers: closing at
+        once would fail them `transient`, and their retries could deliver twice.
+        """
+        self._retired = True
+        if self.on_connection_lost is not None:
+            self.on_connection_lost(self)  # out of the pool (the pool tolerates repeats)
+        self._close_if_retired()
+
+    def _close_if_retired(self) -> None:
+        if self._retired and not self._streams:
+            self.close()
 
     def on_remote_settings_changed(self, changed_settings: Any) -> None:
         limit = self.conn.remote_settings.max_concurrent_streams
@@ -399,6 +416,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
                 # Abandoned (timeout, cancellation, local error): free the stream slot.
                 self.free_channels.release()
                 self._cancel_stream(stream_id)
+                self._close_if_retired()
 
     def _cancel_stream(self, stream_id: int) -> None:
         """RST_STREAM CANCEL: we send no more on this stream (the server may have closed it)."""
@@ -438,6 +456,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
                 self._wake_senders()
             elif isinstance(event, ConnectionTerminated):
                 self.on_connection_terminated(event)
+        self._close_if_retired()  # its last stream ended (answered or reset) in this read
         if self.transport is not None and not self.transport.is_closing():
             self.flush()
 
@@ -606,10 +625,13 @@ class _ApnsPool(APNsBaseConnectionPool):
         here the failure itself ends the send at once (the dispatcher owns retries)."""
         connection = await self.acquire()
         try:
-            return await connection.send_notification(request)
+            result = await connection.send_notification(request)
         except NoAvailableStreamIDError:
             connection.close()  # its stream ids are used up: the next send opens another
             raise
+        if result.description in APNS_RECONNECT and isinstance(connection, _ApnsProtocol):
+            connection.retire()  # the retry opens (or takes) another connection
+        return result
 
 
 async def _connect_tunnel(

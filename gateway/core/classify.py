@@ -18,7 +18,17 @@ from gateway.core.push import Attempt, Outcome
 APNS_TOKEN_INVALID = frozenset(
     {"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered", "ExpiredToken"}
 )
-APNS_AUTH = frozenset({"ExpiredProviderToken", "InvalidProviderToken", "MissingProviderToken"})
+# `UnrelatedKeyIdInToken`: the token's key is not the one this connection was bound to by
+# its first push; Apple's remedy is a new connection (the client opens one, see
+# `APNS_RECONNECT`), so one retry there, as for a stale JWT.
+APNS_AUTH = frozenset(
+    {
+        "ExpiredProviderToken",
+        "InvalidProviderToken",
+        "MissingProviderToken",
+        "UnrelatedKeyIdInToken",
+    }
+)
 APNS_PERMANENT = frozenset(
     {
         "TopicDisallowed",
@@ -35,12 +45,20 @@ APNS_PERMANENT = frozenset(
         "BadCertificate",
         "BadCertificateEnvironment",
         "Forbidden",
+        # A key restricted to the other environment (sandbox vs production): the
+        # operator's to fix. Apple documents the first name; APNs has sent the second.
+        "BadEnvironmentKeyIdInToken",
+        "BadEnvironmentKeyInToken",
         "BadPath",
         "MethodNotAllowed",
         "PayloadTooLarge",
     }
 )
 APNS_TRANSIENT = frozenset({"IdleTimeout", "InternalServerError", "ServiceUnavailable", "Shutdown"})
+# Answers after which the connection that carried them takes no new request: APNs is
+# shutting it down (`Shutdown`), timed it out (`IdleTimeout`), or bound it to another key
+# (`UnrelatedKeyIdInToken`). A retry on it would meet the same answer.
+APNS_RECONNECT = frozenset({"IdleTimeout", "Shutdown", "UnrelatedKeyIdInToken"})
 APNS_THROTTLED_TOKEN = "TooManyRequests"
 APNS_THROTTLED_CREDENTIAL = "TooManyProviderTokenUpdates"
 

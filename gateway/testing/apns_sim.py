@@ -129,6 +129,8 @@ APNS_REASON_STATUS: dict[str, int] = {
     "Forbidden": 403,
     "InvalidProviderToken": 403,
     "MissingProviderToken": 403,
+    "UnrelatedKeyIdInToken": 403,
+    "BadEnvironmentKeyIdInToken": 403,
     "BadPath": 404,
     "MethodNotAllowed": 405,
     "ExpiredToken": 410,
@@ -161,7 +163,16 @@ _UUID_RE = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
 _INT_RE = re.compile(r"-?[0-9]+")
-_TOPIC_SUFFIXES = (".voip", ".complication", ".push-type.liveactivity")
+# The topic Apple requires for each push type that has its own: `<bundle id><suffix>`.
+_TOPIC_SUFFIXES = (
+    ".voip",
+    ".complication",
+    ".push-type.liveactivity",
+    ".voip-ptt",  # pushtotalk
+    ".location-query",  # location
+    ".pushkit.fileprovider",  # fileprovider
+    ".push-type.widgets",  # widgets
+)
 _CHECKED_HEADERS = frozenset(
     {
         "authorization",
