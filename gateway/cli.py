@@ -303,6 +303,8 @@ async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -
                     token=None,
                     provider=token.provider,
                     reason=token.reason,
+                    # registrations made after the receipts the file was made from stay
+                    observed_at=token.last_seen,
                 )
             )
             if not outcome.handled:  # the same token was handled a line before

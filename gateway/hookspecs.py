@@ -118,6 +118,9 @@ def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> Any:
     `invalid.token` is None and only `invalid.token_hash` identifies it. The plugin
     does what its protocol says (forget the registration, report it upstream...).
     It must be idempotent: a token invalidated live may be retired again later.
+    `invalid.observed_at` is when the token was seen dead (the start of the request
+    that got the answer, or the file's `last_seen`): a registration the device made
+    after it is newer than the answer and should be kept.
 
     It may return the number of the plugin's records the token matched (an `int`; None,
     the default, says nothing). `pushgw tokens retire` counts the tokens that matched

@@ -29,7 +29,7 @@ from plugins.zulip.tables import e2ee_devices, legacy_devices, realms, servers
 from plugins.zulip.tables import metadata as zulip_metadata
 
 ZULIP = pushgw_migrations()
-ZULIP_HEAD = "zulip_0002"
+ZULIP_HEAD = "zulip_0003"
 DEVICE_TABLES = ("zulip_e2ee_devices", "zulip_legacy_devices", "pushgw_invalid_tokens")
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
@@ -127,36 +127,51 @@ async def _rows_of_0001(conn: AsyncConnection, now: datetime) -> dict[str, int]:
     assert server is not None
     info = repo.RealmInfo("8a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "h", "ñame ✓", 2, False, False)
     realm = (await repo.upsert_realms(conn, server.id, [info], complete=True))[info.uuid]
-    assert await repo.register_e2ee(
-        conn,
-        realm_id=realm.id,
-        token_id=-(2**63),
-        token="AB" * 32,
-        token_kind="apns",
-        ios_app_id="org.example",
-        token_hash="b" * 64,
+    # The device tables' columns of zulip_0001 only (`registered_at` came with zulip_0003).
+    await conn.execute(
+        e2ee_devices.insert().values(
+            realm_id=realm.id,
+            token_id=-(2**63),
+            token="AB" * 32,
+            token_kind="apns",
+            ios_app_id="org.example",
+            token_hash="b" * 64,
+            token_key=repo.token_key("AB" * 32, True),
+            created_at=now,
+        )
     )
-    assert await repo.legacy_register(
-        conn,
-        server_id=server.id,
-        user_id=2**63 - 1,
-        user_uuid=None,
-        realm_id=realm.id,
-        kind=1,
-        token="cd" * 32,
-        token_hash="c" * 64,
-        ios_app_id=None,
-        apns=True,
+    await conn.execute(
+        legacy_devices.insert().values(
+            server_id=server.id,
+            realm_id=realm.id,
+            user_id=2**63 - 1,
+            kind=1,
+            token="cd" * 32,
+            token_key=repo.token_key("cd" * 32, True),
+            token_hash="c" * 64,
+            created_at=now,
+        )
     )
     return {"server": server.id, "realm": realm.id}
 
 
+LATER_COLUMNS = {"registered_at"}  # added after zulip_0001 (zulip_0003)
+
+
 async def _snapshot(s: Store) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row, in the columns zulip_0001 had."""
     async with s.engine.connect() as conn:
-        return {
-            name: [tuple(r) for r in (await conn.execute(text(f"SELECT * FROM {name}"))).all()]
-            for name in ("pushgw_invalid_tokens", *(t.name for t in zulip_metadata.sorted_tables))
+        snapshot = {
+            "pushgw_invalid_tokens": [
+                tuple(r)
+                for r in (await conn.execute(text("SELECT * FROM pushgw_invalid_tokens"))).all()
+            ]
         }
+        for table in zulip_metadata.sorted_tables:
+            columns = ", ".join(c.name for c in table.columns if c.name not in LATER_COLUMNS)
+            query = text(f"SELECT {columns} FROM {table.name}")
+            snapshot[table.name] = [tuple(r) for r in (await conn.execute(query)).all()]
+        return snapshot
 
 
 async def test_rows_of_each_earlier_revision_survive_the_upgrade(store: Store) -> None:
@@ -485,7 +500,7 @@ async def test_db_upgrade_from_an_earlier_revision_and_refusals(
     result = await asyncio.to_thread(pushgw, checked, "zulip", "servers")
     assert result.returncode == 1, result
     assert result.stderr.endswith(
-        f"not migrated ({ZULIP_HEAD} pending) and store.auto_upgrade is false: "
+        "not migrated (zulip_0002, zulip_0003 pending) and store.auto_upgrade is false: "
         "run `pushgw db upgrade`\n"
     ), result.stderr
 

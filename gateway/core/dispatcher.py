@@ -265,6 +265,7 @@ class Dispatcher:
             crashed = False
             # A request counts from its start (cancelled, it was still made), with no status.
             progress.attempts, progress.status = attempts + 1, None
+            sent_at = time.time()  # what a token-invalid answer is about (`observed_at`)
             try:
                 attempt = await client.send(push)
             except asyncio.CancelledError:
@@ -287,7 +288,7 @@ class Dispatcher:
             if outcome is Outcome.OK or outcome is Outcome.PERMANENT or crashed:
                 return self._final(push, lane, attempt, attempts)
             if outcome is Outcome.TOKEN_INVALID:
-                return self._token_invalid(push, lane, attempt, attempts, deadline)
+                return self._token_invalid(push, lane, attempt, attempts, deadline, sent_at)
             if outcome is Outcome.AUTH:
                 if refreshed:
                     return self._final(push, lane, attempt, attempts)
@@ -363,7 +364,13 @@ class Dispatcher:
         lane.metrics.provider_latency.observe(seconds)
 
     async def _token_invalid(
-        self, push: Push, lane: Lane, attempt: Attempt, attempts: int, deadline: float
+        self,
+        push: Push,
+        lane: Lane,
+        attempt: Attempt,
+        attempts: int,
+        deadline: float,
+        sent_at: float,
     ) -> Receipt:
         if self._count_in_guard(lane, invalid=True):
             held = Attempt(
@@ -384,6 +391,7 @@ class Dispatcher:
             reason=attempt.reason,
             ref=push.ref,
             token_timestamp=attempt.token_timestamp,
+            observed_at=sent_at,
         )
         report = asyncio.create_task(
             self.invalidation.report(invalid, persist=push.policy.persist_token_hash)

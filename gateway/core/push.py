@@ -196,6 +196,12 @@ class InvalidToken:
     invalidation comes from a dead-token file (`pushgw tokens retire`), which only
     carries the keyed hash: plugins find their records by `token_hash`
     (`PluginContext.token_hash(token)` computes the same value).
+
+    `observed_at` (unix seconds) is when the token was seen dead: the start of the
+    provider request that got the answer, or a dead-token file's `last_seen`; None when
+    unknown. The answer is about the token as it was then: a plugin keeps a registration
+    the device made after it (registered again while the push was out, or since the
+    receipts the file was made from).
     """
 
     plugin: str
@@ -206,6 +212,7 @@ class InvalidToken:
     reason: str | None
     ref: str | None = None
     token_timestamp: int | None = None
+    observed_at: float | None = None
 
     def __repr__(self) -> str:
         return (

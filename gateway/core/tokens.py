@@ -37,7 +37,9 @@ NotifyPlugin = Callable[[InvalidToken], Awaitable[object]]
 REASON_LENGTH = 64  # pushgw_invalid_tokens.reason is String(64)
 
 # Invalidations remembered so that concurrent pushes to one dead token call the hook
-# once. Short, so that a token registered again and dead again is reported again.
+# once. Short, so that a token registered again and dead again is reported again; and
+# an answer to a request sent after the last report began is reported at once: it is
+# news about registrations that report left alone (made after its answer's request).
 _RECENT_MAX = 100_000
 _RECENT_SECONDS = 60.0
 
@@ -124,7 +126,8 @@ class TokenInvalidation:
         self._store = store
         self._metrics = metrics
         self._notify = notify
-        self._recent: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+        # key -> (monotonic expiry, unix time its report began)
+        self._recent: OrderedDict[tuple[str, str, str], tuple[float, float]] = OrderedDict()
 
     async def report(self, invalid: InvalidToken, *, persist: bool = True) -> bool:
         """Handle one invalid token; False when it was already handled recently."""
@@ -135,12 +138,16 @@ class TokenInvalidation:
         key = (invalid.plugin, invalid.app_id, invalid.token_hash)
         now = time.monotonic()
         while self._recent and (
-            len(self._recent) >= _RECENT_MAX or next(iter(self._recent.values())) < now
+            len(self._recent) >= _RECENT_MAX or next(iter(self._recent.values()))[0] < now
         ):
             self._recent.popitem(last=False)
-        if key in self._recent:
+        previous = self._recent.get(key)
+        if previous is not None and (
+            invalid.observed_at is None or invalid.observed_at <= previous[1]
+        ):
             return Outcome(handled=False)
-        self._recent[key] = now + _RECENT_SECONDS
+        self._recent.pop(key, None)  # re-inserted last: the order is by expiry
+        self._recent[key] = (now + _RECENT_SECONDS, time.time())
         provider = invalid.provider.value if invalid.provider else "none"
         self._metrics.invalid_tokens.labels(invalid.plugin, provider, invalid.app_id).inc()
         record_error = hook_error = None

@@ -20,6 +20,7 @@ import uuid as uuidlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -1051,7 +1052,12 @@ def topic_of_ref(ref: str | None) -> str | None:
 
 
 async def forget_token(
-    engine: AsyncEngine, token: str, *, apns: bool, ios_app_id: str | None = None
+    engine: AsyncEngine,
+    token: str,
+    *,
+    apns: bool,
+    ios_app_id: str | None = None,
+    before: datetime | None = None,
 ) -> None:
     """A provider said `token` is dead: expire E2EE rows, delete legacy rows (every server).
 
@@ -1059,9 +1065,18 @@ async def forget_token(
     registrations of the token for that app: APNs answers for a (token, topic) pair,
     and `DeviceTokenNotForTopic` for a topic some server named must not end another
     server's registrations of the token for the topic it belongs to.
+
+    With `before` (when the token was seen dead), only the registrations made before
+    it: a device that registered the token again while the refused push was out (or
+    since the receipts of a dead-token file) keeps its registration.
     """
     async with engine.begin() as conn:
-        await repo.expire_e2ee_by_token(conn, token, apns, ios_app_id)
+        await repo.expire_e2ee_by_token(conn, token, apns, ios_app_id, before)
         await repo.delete_legacy_token(
-            conn, kind=APNS if apns else FCM, token=token, apns=apns, ios_app_id=ios_app_id
+            conn,
+            kind=APNS if apns else FCM,
+            token=token,
+            apns=apns,
+            ios_app_id=ios_app_id,
+            before=before,
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 from aiohttp import web
@@ -88,12 +89,19 @@ def pushgw_services(context: PluginContext) -> Iterable[Service]:
 async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> int | None:
     """Forget the token's registrations; by hash, return how many rows it matched."""
     engine = context.store.engine
+    # Registrations made after the token was seen dead stay (the device registered it
+    # again while the push was out, or since the dead-token file's receipts).
+    before = (
+        datetime.fromtimestamp(invalid.observed_at, UTC)
+        if invalid.observed_at is not None
+        else None
+    )
     if invalid.token is not None and invalid.provider is not None:
         apns = invalid.provider is ProviderKind.APNS
         # An APNs answer is about the token for the topic the push named: only the
         # registrations for that app go (another server's for another app stay).
         topic = topic_of_ref(invalid.ref) if apns else None
-        await forget_token(engine, invalid.token, apns=apns, ios_app_id=topic)
+        await forget_token(engine, invalid.token, apns=apns, ios_app_id=topic, before=before)
         return None
     # From `pushgw tokens retire` (or without a provider): find the rows by hash. A token
     # dead for one of our APNs apps ends only the registrations sent through that app.
@@ -123,7 +131,7 @@ async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) ->
             rows += [wanted(r.token, r.kind == 1, r.ios_app_id) for r in legacy]
             matched = [row for row in rows if row is not None]
     for token, apns, ios_app_id in set(matched):
-        await forget_token(engine, token, apns=apns, ios_app_id=ios_app_id)
+        await forget_token(engine, token, apns=apns, ios_app_id=ios_app_id, before=before)
     # registrations the hash matched (stored hashes are of the current key: after a
     # receipts.hmac_key rotation, `pushgw zulip rehash-tokens` remakes them)
     return None if invalid.token is not None else len(matched)

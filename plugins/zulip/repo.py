@@ -16,7 +16,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypeVar
 
-from sqlalchemy import BigInteger, and_, bindparam, case, delete, literal, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    and_,
+    bindparam,
+    case,
+    delete,
+    literal,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -309,7 +320,12 @@ async def register_e2ee(
 ) -> bool:
     """Idempotent on (realm, token_id); reactivates an expired row. True when inserted."""
     key = token_key(token, token_kind == APNS_KIND)
-    refresh = {"expired_at": None, "token_kind": token_kind, "ios_app_id": ios_app_id}
+    refresh = {
+        "expired_at": None,
+        "token_kind": token_kind,
+        "ios_app_id": ios_app_id,
+        "registered_at": now_utc(),
+    }
     where = and_(e2ee_devices.c.realm_id == realm_id, e2ee_devices.c.token_id == token_id)
     found = (await conn.execute(select(e2ee_devices.c.id).where(where))).first()
     if found is None:
@@ -357,15 +373,28 @@ async def expire_e2ee_by_id(conn: AsyncConnection, device_id: int) -> None:
     )
 
 
+def _registered_before(table: Any, before: datetime | None) -> Any:
+    """Rows registered before `before` (all when None; NULL: made before zulip_0003)."""
+    if before is None:
+        return true()
+    return or_(table.c.registered_at.is_(None), table.c.registered_at < before)
+
+
 async def expire_e2ee_by_token(
-    conn: AsyncConnection, token: str, apns: bool, ios_app_id: str | None = None
+    conn: AsyncConnection,
+    token: str,
+    apns: bool,
+    ios_app_id: str | None = None,
+    before: datetime | None = None,
 ) -> int:
-    """Expire the registrations of a token (every realm; only those of `ios_app_id` if given)."""
+    """Expire the registrations of a token (every realm; only those of `ios_app_id` if given;
+    only those registered before `before` if given)."""
     kind = APNS_KIND if apns else FCM_KIND
     clauses = [
         e2ee_devices.c.token_key == token_key(token, apns),
         e2ee_devices.c.token_kind == kind,
         e2ee_devices.c.expired_at.is_(None),
+        _registered_before(e2ee_devices, before),
     ]
     if ios_app_id is not None:
         clauses.append(e2ee_devices.c.ios_app_id == ios_app_id)
@@ -407,7 +436,8 @@ async def legacy_register(
     ios_app_id: str | None,
     apns: bool,
 ) -> bool:
-    """Insert-or-ignore; with both ids, the `user_id` row for this token is replaced."""
+    """Insert, or mark an existing row registered now (`registered_at`); with both ids,
+    the `user_id` row for this token is replaced. True when inserted."""
     key = token_key(token, apns)
     if user_id is not None and user_uuid is not None:
         await conn.execute(
@@ -425,37 +455,38 @@ async def legacy_register(
         if user_uuid is not None
         else legacy_devices.c.user_id == user_id
     )
-    found = (
-        await conn.execute(
-            select(legacy_devices.c.id).where(
-                legacy_devices.c.server_id == server_id,
-                ident,
-                legacy_devices.c.kind == kind,
-                legacy_devices.c.token_key == key,
-            )
-        )
-    ).first()
-    if found is not None:
-        return False
-    try:
-        async with conn.begin_nested():
-            await conn.execute(
-                legacy_devices.insert().values(
-                    server_id=server_id,
-                    realm_id=realm_id,
-                    user_id=user_id,
-                    user_uuid=user_uuid,
-                    kind=kind,
-                    token=token,
-                    token_key=key,
-                    token_hash=token_hash,
-                    ios_app_id=ios_app_id,
-                    created_at=now_utc(),
+    where = and_(
+        legacy_devices.c.server_id == server_id,
+        ident,
+        legacy_devices.c.kind == kind,
+        legacy_devices.c.token_key == key,
+    )
+    now = now_utc()
+    found = (await conn.execute(select(legacy_devices.c.id).where(where))).first()
+    if found is None:
+        try:
+            async with conn.begin_nested():
+                await conn.execute(
+                    legacy_devices.insert().values(
+                        server_id=server_id,
+                        realm_id=realm_id,
+                        user_id=user_id,
+                        user_uuid=user_uuid,
+                        kind=kind,
+                        token=token,
+                        token_key=key,
+                        token_hash=token_hash,
+                        ios_app_id=ios_app_id,
+                        created_at=now,
+                        registered_at=now,
+                    )
                 )
-            )
-        return True
-    except IntegrityError:
-        return False
+            return True
+        except IntegrityError:
+            pass  # registered concurrently: mark it registered now, below
+    # Registered again: a token-invalid answer to a push sent before now must not end it.
+    await conn.execute(update(legacy_devices).where(where).values(registered_at=now))
+    return False
 
 
 async def legacy_unregister(
@@ -526,10 +557,15 @@ async def delete_legacy_token(
     apns: bool,
     server_id: int | None = None,
     ios_app_id: str | None = None,
+    before: datetime | None = None,
 ) -> int:
     """Delete registrations of a token (every server unless `server_id`; every app unless
-    `ios_app_id`)."""
-    clauses = [legacy_devices.c.kind == kind, legacy_devices.c.token_key == token_key(token, apns)]
+    `ios_app_id`; only those registered before `before` if given)."""
+    clauses = [
+        legacy_devices.c.kind == kind,
+        legacy_devices.c.token_key == token_key(token, apns),
+        _registered_before(legacy_devices, before),
+    ]
     if server_id is not None:
         clauses.append(legacy_devices.c.server_id == server_id)
     if ios_app_id is not None:

@@ -8,6 +8,11 @@ that no index holds a 4 KB token:
 - `token_key`: SHA-256 hex of the token's comparison key (lower case for APNs, whose hex
   tokens are case-insensitive; the token itself for FCM).
 
+`registered_at` is when the device last registered the token (insert or registration
+again): a provider's token-invalid answer to a request sent before it, or a dead-token
+file made from older receipts, does not end the registration (NULL: made before
+zulip_0003, as if registered before any answer).
+
 Server keys are stored as SHA-256 hex only. Analytics rows are never stored: only the
 highest row ids seen (`last_*_id`).
 """
@@ -91,6 +96,7 @@ e2ee_devices = Table(
     Column("token_key", String(64), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("expired_at", DateTime(timezone=True), nullable=True),
+    Column("registered_at", DateTime(timezone=True), nullable=True),  # zulip_0003
     UniqueConstraint("realm_id", "token_id", name="uq_zulip_e2ee_devices_realm_token_id"),
     Index("ix_zulip_e2ee_devices_token_hash", "token_hash"),
     Index("ix_zulip_e2ee_devices_token_key", "token_key"),
@@ -113,6 +119,7 @@ legacy_devices = Table(
     Column("token_hash", String(64), nullable=False),
     Column("ios_app_id", String(255), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("registered_at", DateTime(timezone=True), nullable=True),  # zulip_0003
     UniqueConstraint(
         "server_id", "user_id", "kind", "token_key", name="uq_zulip_legacy_devices_user_id"
     ),
