@@ -325,6 +325,7 @@ class running_core:
             dispatcher.add_app(plugin, app_id, gw.client_factory(app_id, app_config, settings))
         await dispatcher.start()
         gw.runtime.dispatcher = dispatcher
+        gw.runtime.receipts = self.writer
         self.flusher = asyncio.create_task(_flush_metrics(gw.runtime.metrics), name="metrics")
         return gw
 
@@ -345,6 +346,7 @@ class running_core:
         if gw.runtime.store is not None:
             await gw.runtime.store.close()
         gw.runtime.dispatcher = None
+        gw.runtime.receipts = None
         gw.runtime.store = None
 
 
@@ -475,6 +477,14 @@ async def _readyz(request: web.Request) -> web.Response:
     if details:
         checks["service_status"] = details
     ok = checks["store"] and all(checks["apps"].values()) and all(checks["services"].values())
+    writer = gateway.runtime.receipts
+    if writer is not None:
+        # Failing writes (a full disk) are reported at once; the node stays ready while
+        # its buffer takes the receipts, and is not once every push waits for room: a
+        # balancer then sends the pushes elsewhere. Not sooner, or one volume shared by
+        # every node, full, would take all of them out while they still deliver.
+        checks["receipts"] = not writer.failing
+        ok = ok and not writer.holding_pushes
     return web.json_response({"ready": ok, **checks}, status=200 if ok else 503)
 
 

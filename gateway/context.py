@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from gateway.core.dispatcher import Dispatcher
     from gateway.core.metrics import Metrics
     from gateway.core.push import Push, Receipt
+    from gateway.core.receipts import ReceiptWriter
     from gateway.core.store import Store
 
 
@@ -82,6 +83,7 @@ class Runtime:
     metrics: Metrics
     store: Store | None = None
     dispatcher: Dispatcher | None = None
+    receipts: ReceiptWriter | None = None
 
 
 class PluginContext:

@@ -12,6 +12,7 @@ exactly like a local path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -91,9 +92,15 @@ def write_bytes(spark: SparkSession, path: str, data: bytes) -> str:
         local = arg_path(path)
         os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
         tmp = local + ".tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, local)
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, local)
+        except BaseException:
+            # A full disk: the half-written file would stay, holding the space it lacked.
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
         return local
     fs, jpath = _fs(spark, path)
     stream = fs.create(jpath, True)

@@ -226,10 +226,11 @@ class WriteFailed(Exception):
 class RollingFile:
     """Appends lines to `receipts-*.jsonl.open`, publishing it (`finish`) when it rolls.
 
-    Used only from the writer thread. A batch is appended whole or not at all: after a
-    failed write the file is cut back to its last complete batch. When even that fails,
-    the file is rolled as it is (its last line may be cut, as after a crash) and
-    `WriteFailed.written` says how many of the batch's lines it holds. A rolled file
+    Used only from the writer thread. A line is appended whole or not at all: after a
+    failed write the file is cut back to its last complete line, and
+    `WriteFailed.written` says how many of the batch's lines it holds (a file that may
+    not grow, EFBIG, is rolled then). When even the cut fails, the file is rolled as it
+    is (its last line may be cut, as after a crash). A rolled file
     whose publishing fails stays in `unpublished` and is retried by `publish()`.
     """
 
@@ -270,15 +271,27 @@ class RollingFile:
         self._size += len(data)
 
     def _cut_back(self, data: bytes, done: int, exc: OSError) -> WriteFailed:
-        """Take back the part of a failed batch that reached the file."""
+        """Take back the cut line of a failed batch; its complete lines stay written.
+
+        Keeping them is what lets a backlog drain when space returns: a backlog larger
+        than the space freed (or than the file may grow) was taken back whole at each
+        attempt, and the writer never wrote another record.
+        """
         assert self._fd is not None
+        kept = data.rfind(b"\n", 0, done) + 1  # bytes of the complete lines written
         try:
-            self._truncate(self._fd, self._size)
+            self._truncate(self._fd, self._size + kept)
         except OSError:
             with contextlib.suppress(OSError):
                 self._detach()  # queued for publishing all the same
             return WriteFailed(exc, data.count(b"\n", 0, done))
-        return WriteFailed(exc, 0)
+        self._size += kept
+        if exc.errno == errno.EFBIG:
+            # The file cannot grow (RLIMIT_FSIZE, the file system's largest file): the
+            # next attempt goes to a new one, not to this one again for ever.
+            with contextlib.suppress(OSError):
+                self._detach()
+        return WriteFailed(exc, data.count(b"\n", 0, kept))
 
     # The file operations, one place each (tests put failures here).
     @staticmethod
@@ -432,6 +445,12 @@ class ReceiptWriter:
         self._on_write_failed = on_write_failed
         self._on_lost = on_lost
         self.lost = 0  # accepted records that were never written
+        self.failing = False  # the last attempt to write or publish failed (/readyz)
+
+    @property
+    def holding_pushes(self) -> bool:
+        """Writing fails and the buffer is full: every push waits for room (/readyz)."""
+        return self.failing and len(self._records) >= self._capacity
 
     async def start(self) -> None:
         """Recover what crashed writers left (in the writer thread), then start writing."""
@@ -464,6 +483,7 @@ class ReceiptWriter:
                 await _wait(self._closing, _FLUSH_INTERVAL)
             closing = self._closing.is_set()  # then this is the last attempt
             error = await self._flush()
+            self.failing = error is not None
             if error is None:
                 if failures:
                     log.warning("receipts: writing again after %d failed attempt(s)", failures)
