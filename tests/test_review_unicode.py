@@ -5,13 +5,17 @@ Reviewed from the seat of a chat company whose users write in every script.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from gateway.config import ConfigError, read_yaml
+from gateway.core.receipts import receipt_record
 from plugins.marmot.config import ApnsRouting
+from tests.core.conftest import make_receipts, write_groups
 
 # What `json.dumps` (ensure_ascii, its default), `jq -a` or JavaScript write for 🔔:
 # a UTF-16 surrogate pair. YAML 1.2 reads JSON, and JSON reads the pair as one character.
@@ -63,3 +67,22 @@ def test_yaml_lone_surrogate_in_a_key_is_a_config_error(tmp_path: Path) -> None:
         read_yaml(path)
     # The key is named escaped: the message itself must print (stdout is strict UTF-8).
     assert "apps.ios\\ud800" in str(caught.value).encode("utf-8").decode("utf-8")
+
+
+# --- receipts ---------------------------------------------------------------------------
+
+
+async def test_lone_surrogate_in_a_provider_reason_does_not_keep_the_file_json_lines(
+    tmp_path: Path,
+) -> None:
+    """A provider's or a proxy's error body may escape a lone surrogate in its reason
+    (`{"reason": "Bad\\ud800"}` decodes to it). Arrow refuses such a string, so the
+    whole rolled file stayed JSON Lines; the reason is now written with U+FFFD for it."""
+    items = make_receipts(3, set())
+    items[1] = dataclasses.replace(items[1], reason="Bad\ud800Token \ud83d\udd14")
+    await write_groups(tmp_path, [items], file_format="parquet")
+    (only,) = tmp_path.iterdir()
+    assert only.suffix == ".parquet"
+    reasons = [row["reason"] for row in pq.read_table(only).to_pylist()]
+    assert reasons[1] == "Bad\ufffdToken \U0001f514"
+    assert receipt_record(items[0])["reason"] == items[0].reason

@@ -65,11 +65,22 @@ def receipt_record(receipt: Receipt) -> dict[str, Any]:
         "provider": receipt.provider.value if receipt.provider else None,
         "status": receipt.outcome.value,
         "http_status": receipt.status,
-        "reason": receipt.reason,
+        "reason": _unicode_text(receipt.reason),
         "attempts": receipt.attempts,
         "latency_ms": round(receipt.latency * 1000, 3),
         "token_hash": receipt.token_hash,
     }
+
+
+def _unicode_text(text: str | None) -> str | None:
+    """`text` with any lone UTF-16 surrogate as U+FFFD (a pair as its character).
+
+    A provider's (or a proxy's) error body may escape one (`"\\ud800"`); written as it
+    is, Arrow refuses the string, and the whole file stayed JSON Lines.
+    """
+    if text is None or text.isascii():
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def finish(path: Path, file_format: ReceiptsFormat) -> ReceiptsFormat | None:
