@@ -358,6 +358,25 @@ class GiftUnwrapper:
         except _Invalid:
             raise Dropped(DropReason.WRAP_MALFORMED) from None
 
+    def off_filter(self, event: Mapping[str, Any]) -> DropReason | None:
+        """Why an event is outside our subscription filter (kind 1059, ``#p`` our key), or None.
+
+        A relay should never send such an event; a broken one that ignores the filter sends
+        them all. Checks 1 and 3 give the same answer later, but only after the event took a
+        token of the global budget. Only a well-formed event is judged here (a cheap parse, no
+        hashing): a malformed one is left to the full checks.
+        """
+        try:
+            parsed = _parse_signed(event)
+        except _Invalid:
+            return None
+        if parsed.kind != KIND_GIFT_WRAP:
+            return DropReason.WRAP_KIND
+        ours = self._key.pubkey_hex
+        if not any(len(t) >= 2 and t[0] == "p" and t[1] == ours for t in parsed.tags):
+            return DropReason.WRAP_RECIPIENT
+        return None
+
     def open_wrap(
         self,
         wrap: Event | str | bytes | Mapping[str, Any],

@@ -30,7 +30,13 @@ with backoff (``auth-required:`` first answers the relay's NIP-42 challenge); ``
 truncated and escaped, a few a minute at most; ``AUTH`` challenges are answered at once with a
 kind-22242 event signed by the server key (inbox relays commonly restrict kind-1059 reads to the
 tagged key); ``OK`` answers to our AUTH are matched by event id. Nothing is ever sent in reply
-to an event.
+to an event. A fault (an oversize or malformed message, one for a subscription we do not have)
+is logged once per connection with the relay's label, never its text: the metrics that count
+it carry no relay label.
+
+``disconnect_at`` moves only when a live subscription (after EOSE) is interrupted: a relay that
+takes the REQ and drops us before EOSE never sent the backfill asked for, so the next REQ asks
+for the same window again.
 """
 
 from __future__ import annotations
@@ -229,6 +235,7 @@ class RelayClient:
         self.notice_limiter = DualRateLimiter(NOTICES_PER_MINUTE, 10 * NOTICES_PER_MINUTE)
         self._notice_budget = [0, 0]
         self._notices_not_logged = 0
+        self._reported: set[str] = set()  # faults already logged on this connection
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -319,7 +326,6 @@ class RelayClient:
             if self.first_attempt_at is None:
                 self.first_attempt_at = self.clock()
             self._set_state(RelayState.CONNECTING)
-            was_live = False
             try:
                 async with connect(
                     self.url,
@@ -333,6 +339,7 @@ class RelayClient:
                     compression="deflate" if s.compression else None,
                 ) as ws:
                     self._ws = ws
+                    self._reported.clear()
                     self._challenge = None
                     self._auth_answering = False
                     self.authenticated = False
@@ -342,7 +349,6 @@ class RelayClient:
                     while True:
                         # bytes, text frames included: the size check comes before any decoding
                         self._handle(await ws.recv(decode=False))
-                        was_live = was_live or self.state is RelayState.LIVE
             except asyncio.CancelledError:
                 raise
             except ConnectionClosed as exc:
@@ -363,7 +369,9 @@ class RelayClient:
                     side.cancel()
             if self._stopping:
                 break
-            if was_live or self.state in (RelayState.LIVE, RelayState.SUBSCRIBED):
+            if self.state is RelayState.LIVE:
+                # The live stream was interrupted here. Not before EOSE: the backfill asked
+                # for since the last interruption never came (CLOSED already recorded its own).
                 self.disconnect_at = self.clock()
             self._failed()
             self._set_state(RelayState.BACKOFF)
@@ -433,6 +441,7 @@ class RelayClient:
         # ["EVENT","<sub id>",...]. Any oversize frame is dropped; no relay message needs more.
         if len(data) > self.settings.max_event_bytes + len(self._sub_id) + 16:
             self.sink.on_oversize(self)
+            self.report_once("oversize", "sent a message over max_event_bytes")
             return
         text = data.decode("utf-8", "replace")
         if self.on_message is not None:
@@ -440,17 +449,20 @@ class RelayClient:
         try:
             msg = load_json(text)
         except ValueError:
-            self.sink.on_malformed(self)
-            return
+            msg = None
         if not isinstance(msg, list) or not msg or not isinstance(msg[0], str):
             self.sink.on_malformed(self)
+            self.report_once("malformed", "sent a message that is not a relay message")
             return
         kind = msg[0]
         if kind == "EVENT":
             if len(msg) != 3 or msg[1] != self._sub_id:
-                return  # an old subscription's event, or garbage: not ours
+                # Not ours (we never leave a subscription open for the relay to stream into).
+                self.report_once("foreign", "sent messages for a subscription we do not have")
+                return
             if not isinstance(msg[2], dict):
                 self.sink.on_malformed(self)
+                self.report_once("malformed", "sent a message that is not a relay message")
                 return
             self.events_received += 1
             if self.state is RelayState.SUBSCRIBED:
@@ -459,16 +471,22 @@ class RelayClient:
                     # a limit of 0 as "no limit"). A first start must re-wake nobody: ignore them.
                     self.unrequested += 1
                     self.sink.on_unrequested(self)
+                    self.report_once(
+                        "stored", "sent stored events although we asked for none", logging.INFO
+                    )
                     return
                 self.backfilled += 1
             self.sink.on_event(self, msg[2])
+        elif kind in ("EOSE", "CLOSED") and (len(msg) < 2 or msg[1] != self._sub_id):
+            self.report_once("foreign", "sent messages for a subscription we do not have")
         elif kind == "EOSE":
-            if len(msg) >= 2 and msg[1] == self._sub_id:
+            # Only a subscription waiting for it goes live. One that was CLOSED waits for its
+            # resubscription: an EOSE must not revive it (it would also let the next CLOSED
+            # queue another REQ, one per CLOSED/EOSE pair).
+            if self.state is RelayState.SUBSCRIBED:
                 self._mark_live()
         elif kind == "CLOSED":
-            if len(msg) >= 2 and msg[1] == self._sub_id:
-                reason = msg[2] if len(msg) > 2 and isinstance(msg[2], str) else ""
-                self._on_closed(reason)
+            self._on_closed(msg[2] if len(msg) > 2 and isinstance(msg[2], str) else "")
         elif kind == "NOTICE":
             self._log_notice(msg[1] if len(msg) > 1 else "")
         elif kind == "AUTH":
@@ -490,6 +508,19 @@ class RelayClient:
                     log.warning("relay %s refused our AUTH: %s", self.label, safe_text(detail))
                 fut.set_result(accepted)
 
+    def report_once(self, fault: str, what: str, level: int = logging.WARNING) -> None:
+        """Log that this relay ``what`` (our words, never its text), once per ``fault`` and
+        connection: the metrics that count the fault carry no relay label, so only this line
+        tells the operator which relay it is, and a relay repeating it must not flood the log."""
+        if fault not in self._reported:
+            self._reported.add(fault)
+            log.log(
+                level,
+                "relay %s %s (dropped; not logged again on this connection)",
+                self.label,
+                what,
+            )
+
     def _log_notice(self, text: object) -> None:
         """Log a NOTICE unless this relay has used up its lines; the next line logged says how
         many were left out meanwhile."""
@@ -506,7 +537,7 @@ class RelayClient:
             # This subscription is already closed and its resubscription pending: a repeated
             # CLOSED must not queue another REQ (it would leave an orphan subscription open).
             return
-        if self.state in (RelayState.LIVE, RelayState.SUBSCRIBED):
+        if self.state is RelayState.LIVE:
             self.disconnect_at = self.clock()  # the live stream was interrupted here
         self._failed()
         self._set_state(RelayState.BACKOFF)

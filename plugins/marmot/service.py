@@ -2,7 +2,8 @@
 
 Per relay event (spec sections 5, 7, 8 and 9), in this order:
 
-1. frame size (in :mod:`plugins.marmot.relay`, before parsing);
+1. frame size (in :mod:`plugins.marmot.relay`, before parsing); an event outside our filter
+   (another kind, or no ``p`` tag for our key) is dropped before it can take a limiter token;
 2. seen-wrap cache: a wrap id already verified in this process is skipped without any crypto;
 3. global pre-unwrap limiter, then the bounded input queue (full: drop);
 4. unwrap (checks 1-8) and trigger parsing (check 9);
@@ -322,6 +323,13 @@ class MarmotService:
     def on_event(self, relay: RelayClient, event: Mapping[str, Any]) -> None:
         """A relay delivered an EVENT (already size-checked and parsed as JSON)."""
         self._count("frame", "received")
+        off_filter = self.unwrapper.off_filter(event)
+        if off_filter is not None:
+            # Before the global limiter: a relay that ignores our filter must not spend the
+            # budget the other relays' triggers need.
+            self._count(off_filter.stage, off_filter.value)
+            relay.report_once("off_filter", "sent events our subscription did not ask for")
+            return
         wrap_id = event.get("id")
         if isinstance(wrap_id, str) and wrap_id in self.seen:
             self._count("seen", "duplicate")
