@@ -220,8 +220,8 @@ def test_page_shows_no_latency_for_a_group_that_sent_nothing(spark: Any, tmp_pat
         )
         if cells
     }
-    assert rows["im.vector.app.ios"][3:] == ["3", "1", "0", "100"]
-    assert rows["&lt;b&gt;nope&lt;/b&gt;"][3:] == ["2", "0", "0", ""]
+    assert rows["im.vector.app.ios"][3:] == ["3", "100%", "0", "100"]
+    assert rows["&lt;b&gt;nope&lt;/b&gt;"][3:] == ["2", "0%", "0", ""]
 
 
 def test_dead_tokens_file(
