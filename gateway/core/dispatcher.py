@@ -95,6 +95,11 @@ class Lane:
     metrics: LaneMetrics
     pending: int = 0
     gate_until: float = 0.0  # monotonic time before which the credential is throttled
+    # For the lines that say a state ended (`_breaker_changed`, `_credential_state`):
+    # the pushes that failed fast while the breaker was open, and those that ended `auth`
+    # since the provider began refusing the credential.
+    failed_fast: int = 0
+    auth_failures: int = 0
 
 
 _CLIENT_FAILED = "the provider client raised an exception (see the gateway log)"
@@ -281,9 +286,7 @@ class Dispatcher:
             finished = time.monotonic()
             self._observe_attempt(lane, attempt, finished - started)
             if lane.breaker.record(attempt.outcome, finished):
-                self.metrics.circuit_open.labels(lane.plugin, lane.app_id).set(
-                    lane.breaker.opened_at is not None
-                )
+                self._breaker_changed(lane, attempt)
             outcome = attempt.outcome
             if outcome is Outcome.OK or outcome is Outcome.PERMANENT or crashed:
                 return self._final(push, lane, attempt, attempts)
@@ -357,6 +360,57 @@ class Dispatcher:
                 backoff_delay(retries, self.config.backoff_base, self.config.backoff_cap),
             )
         return backoff_delay(retries, self.config.backoff_base, self.config.backoff_cap)
+
+    def _breaker_changed(self, lane: Lane, attempt: Attempt) -> None:
+        """The gauge and one log line per change: an outage of an hour at hundreds of
+        pushes a second is two lines, its counts in them; each push is in the metrics."""
+        breaker = lane.breaker
+        is_open = breaker.opened_at is not None
+        self.metrics.circuit_open.labels(lane.plugin, lane.app_id).set(is_open)
+        provider = lane.client.kind.value
+        if is_open:
+            lane.failed_fast = 0
+            log.warning(
+                "app %s (%s): circuit breaker opened after %d consecutive transient failures "
+                "(last: %s); pushes fail fast, one trial request every %g s",
+                lane.app_id,
+                provider,
+                breaker.failures,
+                # A known reason, else `other` and the status: a proxy's made-up text
+                # stays out of the log, as out of the labels.
+                reason_label(attempt.reason, f"other, HTTP {attempt.status}"),
+                breaker.reset_after,
+            )
+        else:
+            log.warning(
+                "app %s (%s): circuit breaker closed, the provider answers again; "
+                "%d push(es) failed fast while it was open",
+                lane.app_id,
+                provider,
+                lane.failed_fast,
+            )
+
+    def _credential_state(self, lane: Lane, outcome: Outcome, reason: str | None) -> None:
+        """One line when the provider starts refusing the lane's credential (after the
+        one refresh), one when it accepts it again, counting the pushes refused meanwhile."""
+        if outcome is Outcome.AUTH:
+            lane.auth_failures += 1
+            if lane.auth_failures == 1:
+                log.warning(
+                    "app %s (%s): the provider refuses the credential (%s); pushes end auth "
+                    "until it accepts it again",
+                    lane.app_id,
+                    lane.client.kind.value,
+                    reason_label(reason),
+                )
+        elif outcome is Outcome.OK:
+            log.warning(
+                "app %s (%s): credential accepted again; %d push(es) ended auth meanwhile",
+                lane.app_id,
+                lane.client.kind.value,
+                lane.auth_failures,
+            )
+            lane.auth_failures = 0
 
     @staticmethod
     def _observe_attempt(lane: Lane, attempt: Attempt, seconds: float) -> None:
@@ -433,6 +487,8 @@ class Dispatcher:
         self, push: Push, lane: Lane, reason: str, outcome: Outcome, attempts: int
     ) -> Receipt:
         self.metrics.shed.labels(push.plugin, lane.app_id, reason).inc()
+        if reason == Reason.CIRCUIT_OPEN:
+            lane.failed_fast += 1
         return await self._final(push, lane, Attempt(outcome, reason=reason), attempts)
 
     async def _final(
@@ -463,6 +519,8 @@ class Dispatcher:
             detail=attempt.detail,
         )
         if lane is not None:
+            if lane.auth_failures or receipt.outcome is Outcome.AUTH:
+                self._credential_state(lane, receipt.outcome, receipt.reason)
             lane.metrics.push(receipt.outcome.value, receipt.reason or "").inc()
             lane.metrics.push_latency.observe(receipt.latency)
         else:

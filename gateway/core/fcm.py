@@ -37,6 +37,9 @@ DEFAULT_SEND_URL = "https://fcm.googleapis.com/v1/projects/{project_id}/messages
 DATA_LIMIT = 4096
 REFRESH_AHEAD = 300.0  # refresh the OAuth token when less than this is left
 FETCH_RETRY = 2.0  # no new token request sooner than this after a failed one
+# FCM answered 401 to a token fetched because of a 401: the credential is refused, not
+# the token, and a new token per push would be a token request (and a log line) per push.
+REFUSED_REFETCH = 60.0
 RESERVED_DATA_KEYS = frozenset({"from", "message_type"})
 RESERVED_DATA_PREFIXES = ("google", "gcm")
 TARGET_KEYS = ("token", "topic", "condition")
@@ -124,6 +127,9 @@ class FcmClient:
         self._fetching: asyncio.Task[None] | None = None
         self._fetch_error: Exception | None = None
         self._fetch_retry_at = 0.0
+        self._fetch_failures = 0  # token requests failed in a row: logged when it starts/ends
+        self._fetched_at = 0.0  # monotonic: when the current token came
+        self._refused_in_a_row = 0  # tokens FCM answered 401, in a row
         self.token_fetches = 0
 
     @property
@@ -156,11 +162,9 @@ class FcmClient:
         if self._headers is None:
             try:
                 await self._refresh(self._generation)
-            except Exception as exc:
-                log.warning(
-                    "FCM app %s: no OAuth token at start (%s); retrying on first send",
-                    self.app_id,
-                    _token_error(exc),
+            except Exception as exc:  # logged by `_fetch`
+                log.debug(
+                    "FCM app %s: no OAuth token at start (%s)", self.app_id, _token_error(exc)
                 )
 
     def ready(self) -> bool:
@@ -181,12 +185,12 @@ class FcmClient:
         """Fetch a new access token, unless one was fetched since the last 401."""
         if 0 <= self._auth_failed_generation < self._generation:
             return
+        if self._refused_in_a_row >= 2 and time.monotonic() - self._fetched_at < REFUSED_REFETCH:
+            return  # a fresh token was refused too: the dispatcher logs the credential state
         try:
             await self._refresh(self._generation)
-        except Exception as exc:  # the next send reports it (transient or auth)
-            log.warning(
-                "FCM app %s: OAuth token refresh failed (%s)", self.app_id, _token_error(exc)
-            )
+        except Exception as exc:  # the next send reports it; `_fetch` logged the request
+            log.debug("FCM app %s: OAuth token refresh failed (%s)", self.app_id, _token_error(exc))
 
     def validate(self, push: Push) -> Attempt | None:
         payload = push.payload
@@ -271,11 +275,15 @@ class FcmClient:
                 name = _decode(raw.decode()).get("name")
             except (ValueError, AttributeError):
                 name = None
+            if self._refused_in_a_row:
+                self._refused_in_a_row = 0
             return Attempt(Outcome.OK, status=200, provider_id=name)
         attempt = classify_fcm(
             status, raw, retry_after=parse_retry_after(retry_after), token=push.token
         )
         if attempt.outcome is Outcome.AUTH:
+            if generation > self._auth_failed_generation:
+                self._refused_in_a_row += 1
             self._auth_failed_generation = max(self._auth_failed_generation, generation)
         return attempt
 
@@ -322,11 +330,9 @@ class FcmClient:
     async def _refresh_quietly(self, generation: int) -> None:
         try:
             await self._refresh(generation)
-        except Exception as exc:
+        except Exception as exc:  # `_fetch` logged the request
             self._refresh_at = time.monotonic() + 30.0  # the current token is still valid
-            log.warning(
-                "FCM app %s: OAuth token refresh failed (%s)", self.app_id, _token_error(exc)
-            )
+            log.debug("FCM app %s: OAuth token refresh failed (%s)", self.app_id, _token_error(exc))
 
     async def _refresh(self, generation: int) -> None:
         """Fetch a new token unless one arrived since `generation`.
@@ -352,9 +358,11 @@ class FcmClient:
         except Exception as exc:
             self._fetch_error = exc
             self._fetch_retry_at = time.monotonic() + FETCH_RETRY
+            self._fetch_failed(exc)
             raise
         self._fetch_error = None
         now = time.monotonic()
+        self._fetched_at = now
         self._expires_at = now + max(lifetime - 10.0, 0.0)
         self._refresh_at = now + lifetime - min(REFRESH_AHEAD, lifetime / 2)
         # A CIMultiDict, which aiohttp would otherwise build from a dict on every request.
@@ -363,7 +371,36 @@ class FcmClient:
         )
         self._generation += 1
         self.token_fetches += 1
-        log.info("FCM app %s: OAuth token fetched (valid %d s)", self.app_id, lifetime)
+        failures, self._fetch_failures = self._fetch_failures, 0
+        if failures:
+            log.warning(
+                "FCM app %s: OAuth token fetched again after %d failed token request(s)",
+                self.app_id,
+                failures,
+            )
+        else:
+            log.info("FCM app %s: OAuth token fetched (valid %d s)", self.app_id, lifetime)
+
+    def _fetch_failed(self, exc: Exception) -> None:
+        """The first failed token request of a run at WARNING, the others at DEBUG: sends
+        wait for a token or retry the request, every push of an outage of the token
+        endpoint or of a deleted key would log it. The recovery says how many failed."""
+        self._fetch_failures += 1
+        if self._fetch_failures == 1:
+            log.warning(
+                "FCM app %s: OAuth token request failed (%s); sends end auth or transient "
+                "until one succeeds (a request every %g s at most)",
+                self.app_id,
+                _token_error(exc),
+                FETCH_RETRY,
+            )
+        else:
+            log.debug(
+                "FCM app %s: OAuth token request failed (%s), %d in a row",
+                self.app_id,
+                _token_error(exc),
+                self._fetch_failures,
+            )
 
     def _fetch_token(self) -> tuple[str, float]:
         """Blocking: mint an access token through google-auth (runs in an executor)."""

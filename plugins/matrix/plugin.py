@@ -71,7 +71,8 @@ def pushgw_routes(context: PluginContext, router: web.UrlDispatcher) -> None:
     metrics = metrics_for(context.metrics, config.sygnal_metrics)
     if metrics.sygnal:
         _cert_expiry(metrics, config)
-    MatrixFrontend(context, config, metrics).add_routes(router)
+    frontend = context.state["frontend"] = MatrixFrontend(context, config, metrics)
+    frontend.add_routes(router)
 
 
 @hookimpl
