@@ -20,7 +20,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import Column, DateTime, MetaData, String, Table, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -57,6 +57,24 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _begin_before_savepoint(conn: Connection, _name: str) -> None:
+    """BEGIN before a SAVEPOINT that would otherwise open the transaction (SQLite).
+
+    sqlite3 (and aiosqlite over it) emits its implicit BEGIN only before INSERT, UPDATE
+    and DELETE. A SAVEPOINT coming first (an insert that may lose a uniqueness race,
+    before any other write) opened a transaction of its own, and its release committed
+    it: a failure later in the enclosing transaction no longer undid that insert, as it
+    does on PostgreSQL. This is the BEGIN sqlite3 would have emitted before the INSERT;
+    the reads before it stay outside the transaction as before: a BEGIN at the start of
+    every transaction (SQLAlchemy's recipe) makes read-then-write transactions fail at
+    once with `database is locked` under concurrent writers (WAL: a transaction that read
+    before another connection's commit cannot write), instead of waiting the busy timeout.
+    """
+    driver = conn.connection.driver_connection  # sqlite3's or aiosqlite's connection
+    if driver is not None and not driver.in_transaction:
+        conn.exec_driver_sql("BEGIN")
+
+
 def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -64,6 +82,7 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "savepoint", _begin_before_savepoint)
         return engine
     return create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
 
