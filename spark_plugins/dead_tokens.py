@@ -15,11 +15,12 @@ without a hash, e.g. Marmot's, are never considered) is retired when either:
    (default `transient`) that reached the provider (`attempts > 0`; the gateway's own
    refusals such as `queue_full` or `circuit_open` say nothing about the token),
    counting only failures inside the trailing window of `window_hours` (default 168)
-   before `now` (default: the newest receipt, or the current time if that is earlier,
-   so that one receipt from a clock running ahead cannot move the window past every
-   real failure), and the streak spans at least `min_span_hours` (default 24) from its
-   first to its last failure, so that a short provider outage retires nothing. Receipts
-   with other statuses (`auth`, `throttled`) neither count nor break a streak.
+   before `now` (default: the newest receipt, with a token hash or not, or the
+   current time if that is earlier, so that one receipt from a clock running ahead
+   cannot move the window past every real failure), and the streak spans at least
+   `min_span_hours` (default 24) from its first to its last failure, so that a short
+   provider outage retires nothing. Receipts with other statuses (`auth`, `throttled`)
+   neither count nor break a streak.
 
 `now` bounds the streak window only: a permanent failure after `now` still retires, and
 an `ok` after `now` still revives (it proves the token alive, whenever it came). An `ok`
@@ -54,6 +55,7 @@ from spark_plugins.reader import (
     MAX_BAD_LINES,
     STATUSES,
     TS_MAX,
+    observed_metrics,
     read_receipts,
     report_bad_input,
 )
@@ -259,20 +261,26 @@ def run(
     spark: SparkSession, receipts_dir: str, out_dir: str, options: Mapping[str, Any]
 ) -> JobResult:
     from pyspark import StorageLevel
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     started = time.monotonic()
     source = read_receipts(spark, receipts_dir, max_reported=int(options["max_bad_lines"]))
-    tokens = per_token(source.df, options).persist(StorageLevel.MEMORY_AND_DISK)
+    # The newest receipt ends the default window, whether it has a token hash or not
+    # (Marmot's have none, and `per_token` leaves them out): observed on the same pass.
+    newest_seen = Observation("pushgw_dead_tokens_newest")
+    receipts = source.df.observe(newest_seen, F.max("ts").alias("newest"))
+    tokens = per_token(receipts, options).persist(StorageLevel.MEMORY_AND_DISK)
     result = JobResult(NAME)
     try:
         print(f"pushgw spark: {NAME}: reading receipts from {receipts_dir}", file=sys.stderr)
-        newest = tokens.agg(F.max("last_seen"), F.count(F.lit(1))).first()
+        tokens_seen = tokens.count()
         result.input = source.stats()
         report_bad_input(result.input)
         end = options["now"]
         if end is None:
-            newest_ts = float(newest[0]) if newest and newest[0] is not None else None
+            newest = observed_metrics(newest_seen).get("newest")  # {} when no row was read
+            newest_ts = float(newest) if newest is not None else None
             end = default_window_end(newest_ts, time.time())
         dead = decide(tokens, float(end), options).persist(StorageLevel.MEMORY_AND_DISK)
         ensure_dir(spark, out_dir)
@@ -299,7 +307,7 @@ def run(
         tokens.unpersist()
     result.outputs[FILE] = path
     result.metrics = {
-        "tokens_seen": int(newest[1]) if newest else 0,
+        "tokens_seen": tokens_seen,
         "tokens_retired": sum(by_reason.values()),
         "by_reason": by_reason,
         "tokens_not_retirable": not_retirable,

@@ -225,7 +225,7 @@ class Receipts:
         reasons: dict[str, set[str]] = {}
         bad = 0
         if self._observation is not None:
-            metrics = _observed(self._observation)
+            metrics = observed_metrics(self._observation)
             lines = int(metrics.get("lines") or 0)
             bad = int(metrics.get("bad") or 0)
             stats.records = lines - bad
@@ -286,7 +286,7 @@ class Receipts:
         return [BadLine(display_path(row["_file"]), int(row["_line"]), row["text"]) for row in rows]
 
 
-def _observed(observation: Observation) -> dict[str, Any]:
+def observed_metrics(observation: Observation) -> dict[str, Any]:
     """The observed metrics; {} when the pass read no row (every file left out or empty:
     Spark then has an empty row, which `Observation.get` cannot convert)."""
     try:

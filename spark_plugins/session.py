@@ -46,6 +46,13 @@ SQL_CONF = {
     # Parquet standard's type (Spark's default is the legacy INT96), as the tables a job
     # writes from the driver with pyarrow have them (spark_plugins.output).
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # Keep the input counts (an `Observation` on the read pass) when a job's shuffle
+    # turns out empty: adaptive execution would replace the plan that ran with an empty
+    # relation, and the observed metrics with it, so a directory of bad lines only (or,
+    # for dead-tokens, of receipts without a token hash) reported no line, read or bad.
+    "spark.sql.adaptive.optimizer.excludedRules": (
+        "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+    ),
 }
 
 # Settings a job tunes for its own aggregations, for the length of the job (`sql_conf`):

@@ -111,8 +111,10 @@ def dead_tokens(
     now: float | None = None,
 ) -> dict[tuple[Any, ...], dict[str, Any]]:
     """(plugin, app_id, provider, token_hash) -> {reason, failures, last_seen}."""
-    records = [r for r in records if r["token_hash"] is not None]
+    records = list(records)
+    # the newest receipt ends the default window, with a token hash or not
     end = now if now is not None else max(r["ts"] for r in records)
+    records = [r for r in records if r["token_hash"] is not None]
     cutoff = end - window_hours * 3600
     by_token: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
