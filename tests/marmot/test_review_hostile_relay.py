@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,38 +26,12 @@ from plugins.marmot.relay import RelayClient, RelaySettings, RelayState
 from .gw import MarmotGateway, marmot_gateway
 from .helpers import V_MARMOT, apns_device, chunk_for, content_of, our_wrap
 from .scripted_relay import ScriptedRelay
+from .test_oversize import _until
+from .test_relay_client import Sink
 
 NOW = 1_800_000_000.0
 TWO_DAYS = 172_800
 RELAY_LOG = "plugins.marmot.relay"
-
-
-class Sink:
-    """Records what the client hands to the service."""
-
-    def __init__(self) -> None:
-        self.events: list[Mapping[str, Any]] = []
-
-    def on_event(self, relay: RelayClient, event: Mapping[str, Any]) -> None:
-        self.events.append(event)
-
-    def on_oversize(self, relay: RelayClient) -> None:
-        pass
-
-    def on_malformed(self, relay: RelayClient) -> None:
-        pass
-
-    def on_unrequested(self, relay: RelayClient) -> None:
-        pass
-
-    def on_state(self, relay: RelayClient, old: RelayState, new: RelayState) -> None:
-        pass
-
-
-async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 @asynccontextmanager

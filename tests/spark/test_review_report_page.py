@@ -18,6 +18,7 @@ import pytest
 from spark_plugins import render
 from spark_plugins.jobs import BadLine, InputStats, JobResult
 from tests.spark.conftest import START
+from tests.spark.test_review_operator import _drawn_figure
 
 H = 3600
 HOSTILE = '<script>alert("x")</script>&amp;"\'=1'
@@ -125,22 +126,6 @@ def _page(
 
 def _words(page: bytes) -> str:
     return re.sub(r"\s+", " ", page.decode())
-
-
-def _drawn_figure(monkeypatch: pytest.MonkeyPatch, rows: list[dict[str, Any]]) -> Any:
-    from matplotlib.figure import Figure
-
-    saved: list[Any] = []
-    original = Figure.savefig
-
-    def catch(self: Figure, *args: Any, **kwargs: Any) -> Any:
-        saved.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", catch)
-    render.chart_png(rows)
-    (figure,) = saved
-    return figure
 
 
 def _luminance(rgb: tuple[float, ...]) -> float:
