@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pluggy
 
+from gateway.app import BodyTimeout
 from gateway.config import (
     ApnsAppConfig,
     AppConfig,
@@ -40,6 +41,7 @@ __all__ = [
     "ApnsAppConfig",
     "ApnsOptions",
     "AppConfig",
+    "BodyTimeout",
     "Children",
     "CommandContext",
     "ConfigModel",

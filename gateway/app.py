@@ -506,7 +506,9 @@ class BodyTimeout(web.RequestPayloadError):
     """The client did not send its whole request body within `server.body_timeout`.
 
     A `RequestPayloadError`, as a body that cannot be read: what handlers already answer
-    as the client's mistake. The middleware then answers 408 and closes the connection.
+    as the client's mistake. The middleware then answers 408 and closes the connection:
+    with the handler's own answer when it is a 408 (a plugin whose clients parse every
+    error in their protocol's terms catches this to answer so), else with the core's.
     """
 
 
@@ -543,11 +545,9 @@ def _body_deadline(request: web.Request, seconds: float | None) -> _BodyDeadline
 
 
 def _body_timed_out() -> web.Response:
-    response = web.json_response(
+    return web.json_response(
         {"error": "request timeout: the request body did not come in time"}, status=408
     )
-    response.force_close()  # what is left of the body is not read
-    return response
 
 
 def _request_middleware(metrics: Metrics, body_timeout: float | None = None) -> Any:
@@ -571,14 +571,19 @@ def _request_middleware(metrics: Metrics, body_timeout: float | None = None) -> 
                 if deadline is None or not deadline.expired:
                     raise
             if deadline is not None and deadline.expired:
-                # Whatever the handler made of `BodyTimeout` (a 400, an exception): 408.
-                response = _body_timed_out()
+                # Whatever the handler made of `BodyTimeout` (a 400, an exception): 408,
+                # the handler's own when it answered 408 in its protocol's terms.
+                if response is None or response.status != 408:
+                    response = _body_timed_out()
+                response.force_close()  # what is left of the body is not read
             assert response is not None
             status = response.status
             response.headers["X-Request-Id"] = rid
+            _close_after_unreadable_body(request, response)
             return response
         except web.HTTPException as exc:
             status = exc.status
+            _close_after_unreadable_body(request, exc)
             raise
         except Exception:
             # A bug of ours: never a traceback to the client, always one in the log.
@@ -592,6 +597,15 @@ def _request_middleware(metrics: Metrics, body_timeout: float | None = None) -> 
             request_id.reset(token)
 
     return middleware
+
+
+def _close_after_unreadable_body(request: web.Request, response: web.StreamResponse) -> None:
+    """`Connection: close` on the answer to a request whose body could not be read (a
+    `Content-Encoding` that does not decode it): aiohttp closes that connection once
+    it has answered, and a keep-alive client told nothing sent its next request on
+    it, to fail as a network error (a pipelined one went unanswered). RFC 9112 §9.6."""
+    if request.content.exception() is not None:
+        response.force_close()
 
 
 # What a client's X-Request-Id may hold to be used: it goes into every log line of the

@@ -27,7 +27,15 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from gateway.api import ApnsOptions, Outcome, PluginContext, Push, PushPolicy, Receipt
+from gateway.api import (
+    ApnsOptions,
+    BodyTimeout,
+    Outcome,
+    PluginContext,
+    Push,
+    PushPolicy,
+    Receipt,
+)
 from plugins.zulip import repo
 from plugins.zulip.auth import RateLimiter, parse_basic_auth, rate_limited
 from plugins.zulip.config import ZulipConfig
@@ -37,6 +45,7 @@ from plugins.zulip.errors import (
     E2EE_ONLY,
     REGISTRATION_CLOSED,
     ZulipError,
+    method_not_allowed,
     missing_remote_realm,
     push_disallowed,
     realm_mismatch,
@@ -89,9 +98,10 @@ FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 AuthedHandler = Callable[[web.Request, DbRow], Awaitable[web.StreamResponse]]
-# When the database work of an authenticated request (its authentication, a notify's
-# lookups) must be done: `notify_deadline` after it came (`Bouncer._authed`).
-_DB_DEADLINE = web.RequestKey("zulip_db_deadline", float)
+# When a request must be answered, on the loop's clock: `notify_deadline` after it came
+# (`Bouncer._open`, `Bouncer._authed`). Its database work and a notify's wait for its
+# sends end by then: Zulip gives up after 15 s (§1).
+_DEADLINE = web.RequestKey("zulip_deadline", float)
 
 
 # --- request bodies ------------------------------------------------------------------
@@ -110,6 +120,8 @@ async def read_form(request: web.Request, max_size: int | None = None) -> dict[s
             data = await source.post()
         except web.HTTPRequestEntityTooLarge:
             raise ZulipError("Request body too large", status=413) from None
+        except BodyTimeout:
+            raise body_timeout() from None
         # RequestPayloadError: a body its Content-Encoding does not decode. A multipart
         # part's header line too long, too many or malformed (HttpProcessingError), or
         # an unknown Content-Transfer-Encoding (RuntimeError): the client's mistakes too.
@@ -139,6 +151,8 @@ async def read_json(request: web.Request) -> Any:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise ZulipError("Request body too large", status=413) from None
+    except BodyTimeout:
+        raise body_timeout() from None
     except web.RequestPayloadError:  # a body its Content-Encoding does not decode
         raise ZulipError("Malformed JSON") from None
     except ConnectionError:  # the client left before the end of its body: not our bug
@@ -147,6 +161,13 @@ async def read_json(request: web.Request) -> Any:
         return parse_json(raw)
     except ValueError:
         raise ZulipError("Malformed JSON") from None
+
+
+def body_timeout() -> ZulipError:
+    """The body did not come within `server.body_timeout`: 408 in Zulip's envelope, not
+    the core's `{"error": ...}`, as a Zulip server reads `msg` of every 4xx (a KeyError
+    there)."""
+    return ZulipError("Request timeout: the request body did not come in time", status=408)
 
 
 def _json_text(params: Params, name: str) -> str | None:
@@ -256,6 +277,7 @@ class Bouncer:
         self._recent: OrderedDict[tuple[int, int, str], _Sent] = OrderedDict()
         self._background: set[asyncio.Task[Any]] = set()
         self._server_sends: dict[int, int] = {}  # server id -> sends running
+        self._methods: dict[str, list[str]] = {}  # endpoint -> methods it answers
 
     @property
     def engine(self) -> AsyncEngine:
@@ -264,22 +286,33 @@ class Bouncer:
     # --- wiring --------------------------------------------------------------------
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
-        post, get = router.add_post, router.add_get
-        post(PREFIX + "server/register", self._open(self.server_register))
-        post(PREFIX + "server/deactivate", self._authed(self.server_deactivate))
-        post(PREFIX + "server/analytics", self._authed(self.server_analytics))
-        get(PREFIX + "server/analytics/status", self._authed(self.analytics_status))
-        post(PREFIX + "push/register", self._authed(self.legacy_register))
-        post(PREFIX + "push/unregister", self._authed(self.legacy_unregister))
-        post(PREFIX + "push/unregister/all", self._authed(self.legacy_unregister_all))
-        post(PREFIX + "push/notify", self._authed(self.legacy_notify))
-        post(PREFIX + "push/test_notification", self._authed(self.test_notification))
-        post(PREFIX + "push/e2ee/register", self._authed(self.e2ee_register))
-        post(PREFIX + "push/e2ee/notify", self._authed(self.e2ee_notify))
+        routes: list[tuple[str, str, Handler]] = [
+            ("POST", "server/register", self._open(self.server_register)),
+            ("POST", "server/deactivate", self._authed(self.server_deactivate)),
+            ("POST", "server/analytics", self._authed(self.server_analytics)),
+            ("GET", "server/analytics/status", self._authed(self.analytics_status)),
+            ("POST", "push/register", self._authed(self.legacy_register)),
+            ("POST", "push/unregister", self._authed(self.legacy_unregister)),
+            ("POST", "push/unregister/all", self._authed(self.legacy_unregister_all)),
+            ("POST", "push/notify", self._authed(self.legacy_notify)),
+            ("POST", "push/test_notification", self._authed(self.test_notification)),
+            ("POST", "push/e2ee/register", self._authed(self.e2ee_register)),
+            ("POST", "push/e2ee/notify", self._authed(self.e2ee_notify)),
+        ]
+        for method, endpoint, handler in routes:
+            if method == "GET":
+                router.add_get(PREFIX + endpoint, handler)  # and HEAD
+                self._methods[endpoint] = ["GET", "HEAD"]
+            else:
+                router.add_route(method, PREFIX + endpoint, handler)
+                self._methods[endpoint] = [method]
+        # Every other request under the prefix, a known endpoint's other methods too
+        # (aiohttp would give them to this route rather than answer 405 itself).
         router.add_route("*", PREFIX + "{tail:.*}", self._open(self.not_found))
 
     def _open(self, handler: Handler) -> Handler:
         async def run(request: web.Request) -> web.StreamResponse:
+            self._start_clock(request)
             try:
                 return await handler(request)
             except ZulipError as error:
@@ -296,8 +329,7 @@ class Bouncer:
             # asyncpg waits 60 s to connect, a pooled connection's ping until TCP gives
             # up (minutes), past Zulip's 15 s timeout and a notify's deadline (§1, §5.2).
             # The database work gets `notify_deadline`, then a 503 the server retries.
-            loop = asyncio.get_running_loop()
-            request[_DB_DEADLINE] = loop.time() + self.config.notify_deadline
+            self._start_clock(request)
             try:
                 async with self._database(request):
                     server = await self._authenticate(request)
@@ -309,12 +341,20 @@ class Bouncer:
 
         return run
 
+    def _start_clock(self, request: web.Request) -> None:
+        request[_DEADLINE] = asyncio.get_running_loop().time() + self.config.notify_deadline
+
     @staticmethod
     @contextlib.asynccontextmanager
     async def _database(request: web.Request) -> AsyncIterator[None]:
-        """Database work of an authenticated request, bounded by its `_DB_DEADLINE`."""
+        """Database work of a request, bounded by its `_DEADLINE`.
+
+        All of it, not only a notify's: a registration waiting for a pooled connection
+        (SQLAlchemy's `pool_timeout` is 30 s) or for a locked table answered after Zulip
+        had given up, and held its connection for as long.
+        """
         try:
-            async with asyncio.timeout_at(request[_DB_DEADLINE]):
+            async with asyncio.timeout_at(request[_DEADLINE]):
                 yield
         except TimeoutError:
             log.warning("zulip: %s: the database did not answer in time", request.path)
@@ -352,6 +392,9 @@ class Bouncer:
         return server
 
     async def not_found(self, request: web.Request) -> web.Response:
+        allowed = self._methods.get(request.match_info.get("tail", ""))
+        if allowed is not None:  # the endpoint exists: RFC 9110 405, as Zulip's bouncer
+            raise method_not_allowed(allowed)
         raise ZulipError("Endpoint not found", status=404)
 
     # --- realm lookup --------------------------------------------------------------
@@ -393,7 +436,7 @@ class Bouncer:
         validate_server_key("zulip_org_key", org_key)
         if new_key is not None:
             validate_server_key("new_org_key", new_key)
-        async with self.engine.begin() as conn:
+        async with self._database(request), self.engine.begin() as conn:
             server = await repo.get_server(conn, org_id)
             if server is None:
                 if not self._may_register(org_id):
@@ -424,7 +467,7 @@ class Bouncer:
         return success(created=False)
 
     async def server_deactivate(self, request: web.Request, server: DbRow) -> web.Response:
-        async with self.engine.begin() as conn:
+        async with self._database(request), self.engine.begin() as conn:
             await repo.update_server(conn, server.id, deactivated_at=repo.now_utc())
         log.info("zulip: a server deactivated its registration")
         return success()
@@ -477,7 +520,7 @@ class Bouncer:
         token_id = required(params, "token_id")
         encrypted = required(params, "encrypted_push_registration")
         public_key = required(params, "bouncer_public_key")
-        async with self.engine.begin() as conn:
+        async with self._database(request), self.engine.begin() as conn:
             realm = await self._realm(conn, server, realm_uuid, tolerate_unknown=False)
             assert realm is not None
             # Recorded at lookup and committed at once (spec §5.1 step 1, as Zulip's
@@ -495,7 +538,7 @@ class Bouncer:
         if time.time() - registration.timestamp > self.config.registration_liveness:
             raise ZulipError("Request expired", "REQUEST_EXPIRED")
         apns = registration.token_kind == repo.APNS_KIND
-        async with self.engine.begin() as conn:
+        async with self._database(request), self.engine.begin() as conn:
             await repo.register_e2ee(
                 conn,
                 realm_id=realm.id,
@@ -515,7 +558,6 @@ class Bouncer:
         return success()
 
     async def e2ee_notify(self, request: web.Request, server: DbRow) -> web.Response:
-        started = time.monotonic()
         notify = parse_e2ee_notify(await read_json(request))
         async with self._database(request), self.engine.connect() as conn:
             realm = await self._realm(conn, server, notify.realm_uuid, tolerate_unknown=False)
@@ -542,7 +584,7 @@ class Bouncer:
                 continue
             jobs.append((req.token_id, isinstance(req, ApnsPushRequest), task))
         self._log_not_started(not_started)
-        await self._wait([t for _, _, t in jobs], started)
+        await self._wait([t for _, _, t in jobs], request)
         apple = android = 0
         for token_id, is_apns, task in jobs:
             receipt = task.result() if task.done() and not task.cancelled() else None
@@ -679,12 +721,18 @@ class Bouncer:
             log.error("zulip: a send failed with %s", type(exc).__name__)
             return None
 
-    async def _wait(self, tasks: Sequence[asyncio.Task[Any]], started: float) -> None:
-        """Wait for the sends, at most until the notify deadline; late ones keep running."""
+    @staticmethod
+    async def _wait(tasks: Sequence[asyncio.Task[Any]], request: web.Request) -> None:
+        """Wait for the sends, at most until the request's deadline; late ones keep running.
+
+        From when the request came, not from when its handler started: a server's
+        authentication that waited for the database (a pooled connection, a locked
+        table) left the sends a whole `notify_deadline` more, past Zulip's 15 s.
+        """
         pending = {t for t in tasks if not t.done()}
         if not pending:
             return
-        remaining = self.config.notify_deadline - (time.monotonic() - started)
+        remaining = request[_DEADLINE] - asyncio.get_running_loop().time()
         if remaining > 0:
             await asyncio.wait(pending, timeout=remaining)
 
@@ -743,7 +791,7 @@ class Bouncer:
                 raise ZulipError("Invalid ios_app_id")
         identity = self._form_identity(params)
         realm_uuid = params.get("realm_uuid")
-        async with self.engine.begin() as conn:
+        async with self._database(request), self.engine.begin() as conn:
             realm = await self._legacy_realm(conn, server, realm_uuid, identity)
             await repo.legacy_register(
                 conn,
@@ -763,7 +811,7 @@ class Bouncer:
         params = await read_form(request)
         token, kind = self._legacy_token_params(params)
         identity = self._form_identity(params)
-        async with self.engine.begin() as conn:
+        async with self._database(request), self.engine.begin() as conn:
             await self._legacy_realm(conn, server, params.get("realm_uuid"), identity)
             deleted = await repo.legacy_unregister(
                 conn,
@@ -781,7 +829,7 @@ class Bouncer:
     async def legacy_unregister_all(self, request: web.Request, server: DbRow) -> web.Response:
         params = await read_form(request)
         identity = self._form_identity(params)
-        async with self.engine.begin() as conn:
+        async with self._database(request), self.engine.begin() as conn:
             await self._legacy_realm(conn, server, params.get("realm_uuid"), identity)
             await repo.legacy_unregister_all(
                 conn, server_id=server.id, user_id=identity.user_id, user_uuid=identity.user_uuid
@@ -789,7 +837,6 @@ class Bouncer:
         return success()
 
     async def legacy_notify(self, request: web.Request, server: DbRow) -> web.Response:
-        started = time.monotonic()
         body = await read_json(request)
         if not isinstance(body, dict):
             raise ZulipError("Malformed JSON")
@@ -870,13 +917,10 @@ class Bouncer:
             if task is not None:
                 tasks.append(task)
         self._log_not_started(len(pushes) - len(tasks))
-        await self._wait(tasks, started)
-        remaining: Sequence[DbRow] = ()
+        await self._wait(tasks, request)
+        remaining: Sequence[DbRow] | None = ()
         if has_identity:
-            async with self.engine.connect() as conn:
-                remaining = await repo.legacy_user_devices(
-                    conn, server_id=server.id, user_id=user_id, user_uuid=user_uuid
-                )
+            remaining = await self._still_registered(request, server.id, user_id, user_uuid)
         return _notify_response(
             len(android),
             len(apple),
@@ -885,6 +929,25 @@ class Bouncer:
             server,
             realm,
         )
+
+    async def _still_registered(
+        self, request: web.Request, server_id: int, user_id: int | None, user_uuid: str | None
+    ) -> Sequence[DbRow] | None:
+        """A user's legacy registrations after a notify's sends; None when the database did
+        not answer by the request's deadline.
+
+        The pushes went out already: a 503 (or, after SQLAlchemy's 30 s `pool_timeout`,
+        a 500) would have the server send them all again. The answer then reports no
+        device as deleted, and the next notify reports the ones that are.
+        """
+        try:
+            async with asyncio.timeout_at(request[_DEADLINE]), self.engine.connect() as conn:
+                return await repo.legacy_user_devices(
+                    conn, server_id=server_id, user_id=user_id, user_uuid=user_uuid
+                )
+        except TimeoutError:
+            log.warning("zulip: %s: deleted devices not looked up in time", request.path)
+            return None
 
     def _legacy_apns_push(
         self, row: DbRow, body: dict[str, Any], expiration: int | None
@@ -918,7 +981,6 @@ class Bouncer:
         )
 
     async def test_notification(self, request: web.Request, server: DbRow) -> web.Response:
-        started = time.monotonic()
         self._require_legacy()
         body = await read_json(request)
         if not isinstance(body, dict):
@@ -968,7 +1030,7 @@ class Bouncer:
             task = self._start(server.id, push, apns=kind == APNS)
             self._log_not_started(int(task is None))
             if task is not None:
-                await self._wait([task], started)
+                await self._wait([task], request)
         return success()
 
 
@@ -1017,8 +1079,10 @@ def _dedupe_legacy(rows: Sequence[DbRow]) -> tuple[list[DbRow], list[int]]:
 
 
 def _no_longer_registered(
-    listed: Iterable[str], remaining: Sequence[DbRow], kind: int
+    listed: Iterable[str], remaining: Sequence[DbRow] | None, kind: int
 ) -> list[str]:
+    if remaining is None:  # not known (`Bouncer._still_registered`): none reported
+        return []
     keys = {r.token_key for r in remaining if r.kind == kind}
     return sorted({t for t in listed if repo.token_key(t, kind == APNS) not in keys})
 

@@ -74,6 +74,17 @@ def missing_argument(name: str) -> ZulipError:
     )
 
 
+def method_not_allowed(allowed: list[str]) -> ZulipError:
+    """A known endpoint asked with another method: 405 with `Allow` (RFC 9110), and the
+    `allowed_methods` of Zulip's own answer (`json_method_not_allowed`)."""
+    return ZulipError(
+        "Method Not Allowed",
+        status=405,
+        data={"allowed_methods": allowed},
+        headers={"Allow": ", ".join(allowed)},
+    )
+
+
 def unauthorized(msg: str) -> ZulipError:
     return ZulipError(msg, "UNAUTHORIZED", 401, headers={"WWW-Authenticate": 'Basic realm="zulip"'})
 
