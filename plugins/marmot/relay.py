@@ -310,7 +310,10 @@ class RelayClient:
         # The exponent is capped: 2 ** 1024 no longer converts to a float (OverflowError), and
         # ``failures`` keeps counting through a long outage (1,025 failures: 17 h at 60 s).
         doublings = min(max(0, self.failures - 1), 64)
-        base = min(s.backoff_max, s.backoff_min * (2**doublings))
+        # Drawn from [base / 2, base], base from twice the minimum: the first retry too is
+        # spread over [backoff_min, 2 x backoff_min], not all at backoff_min (every gateway
+        # that lost a restarting relay would come back at once).
+        base = min(s.backoff_max, 2 * s.backoff_min * (2**doublings))
         return max(s.backoff_min, random.uniform(base / 2, base))
 
     def _failed(self) -> None:
