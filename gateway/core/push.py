@@ -93,8 +93,9 @@ class Reason:
 class ApnsOptions:
     """APNs request headers a plugin may set for one push (ignored for FCM).
 
-    `push_type=None` omits the `apns-push-type` header (protocols that need
-    parity with servers that never sent it). `topic=None` uses the app's topic.
+    `push_type=None` leaves the `apns-push-type` header to the app's `push_type`
+    setting, and omits it when that is unset too (protocols that need parity with
+    servers that never sent it). `topic=None` uses the app's topic.
     """
 
     push_type: str | None = "alert"
