@@ -54,6 +54,27 @@ APNS_PERMANENT = frozenset(
         "PayloadTooLarge",
     }
 )
+# Permanent answers that say an app's configuration is wrong (its topic, its certificate or
+# key and their environment, the service account's permissions, the project, the APNs key
+# stored in Firebase): not one push's content or token, so they repeat for every push of
+# the app (or of one of its topics) until the operator fixes it. The dispatcher logs when
+# they start and when they end (`Dispatcher._config_state`).
+CONFIG_REASONS = frozenset(
+    {
+        "BadTopic",
+        "TopicDisallowed",
+        "MissingTopic",
+        "BadCertificate",
+        "BadCertificateEnvironment",
+        "Forbidden",
+        "BadEnvironmentKeyIdInToken",
+        "BadEnvironmentKeyInToken",
+        "THIRD_PARTY_AUTH_ERROR",
+        "APNS_AUTH_ERROR",
+        "PERMISSION_DENIED",
+        "NOT_FOUND",  # without an FCM errorCode: a wrong project (UNREGISTERED has its code)
+    }
+)
 APNS_TRANSIENT = frozenset({"IdleTimeout", "InternalServerError", "ServiceUnavailable", "Shutdown"})
 # Answers after which the connection that carried them takes no new request: APNs is
 # shutting it down (`Shutdown`), timed it out (`IdleTimeout`), or bound it to another key

@@ -21,9 +21,10 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.config import DeliveryConfig
+from gateway.core.classify import CONFIG_REASONS
 from gateway.core.metrics import LaneMetrics, Metrics, reason_label
 from gateway.core.providers import ProviderClient
 from gateway.core.push import Attempt, InvalidToken, Outcome, Push, Reason, Receipt
@@ -100,6 +101,10 @@ class Lane:
     # since the provider began refusing the credential.
     failed_fast: int = 0
     auth_failures: int = 0
+    # `_config_state`: pushes ended permanent per configuration reason since the first,
+    # and when the last one did (monotonic).
+    config_failures: dict[str, int] = field(default_factory=dict)
+    config_failed_at: float = 0.0
 
 
 _CLIENT_FAILED = "the provider client raised an exception (see the gateway log)"
@@ -120,6 +125,10 @@ def backoff_delay(retry: int, base: float, cap: float) -> float:
 
 class Dispatcher:
     """Delivers pushes to provider clients and returns their `Receipt`s."""
+
+    # Seconds without a configuration failure after which an accepted push ends that
+    # state (`_config_state`).
+    config_quiet: float = 60.0
 
     def __init__(
         self,
@@ -412,6 +421,48 @@ class Dispatcher:
             )
             lane.auth_failures = 0
 
+    def _config_state(self, lane: Lane, outcome: Outcome, reason: str | None) -> None:
+        """One line when the provider starts refusing the lane's pushes for a configuration
+        reason (`CONFIG_REASONS`, one line per reason), one when they are accepted again,
+        counting the pushes refused meanwhile.
+
+        Some of the app's pushes may go on being accepted meanwhile (one wrong topic among
+        several; Firebase refusing its APNs key, so its iOS devices only): the state ends
+        at an accepted push only after `config_quiet` seconds without such a failure, or
+        it would be two lines per refused push.
+        """
+        now = time.monotonic()
+        if outcome is Outcome.PERMANENT and reason in CONFIG_REASONS:
+            count = lane.config_failures.get(reason, 0) + 1
+            lane.config_failures[reason] = count
+            lane.config_failed_at = now
+            if count == 1:
+                log.warning(
+                    "app %s (%s): the provider refuses pushes for a configuration reason "
+                    "(%s); they end permanent, not retried, until the app's configuration "
+                    "is fixed",
+                    lane.app_id,
+                    lane.client.kind.value,
+                    reason,
+                )
+        elif (
+            outcome is Outcome.OK
+            and lane.config_failures
+            and now - lane.config_failed_at >= self.config_quiet
+        ):
+            log.warning(
+                "app %s (%s): pushes accepted again, no configuration failure for %g s; "
+                "meanwhile %s",
+                lane.app_id,
+                lane.client.kind.value,
+                self.config_quiet,
+                ", ".join(
+                    f"{n} push(es) ended permanent/{name}"
+                    for name, n in lane.config_failures.items()
+                ),
+            )
+            lane.config_failures.clear()
+
     @staticmethod
     def _observe_attempt(lane: Lane, attempt: Attempt, seconds: float) -> None:
         lane.metrics.attempt(attempt.outcome.value).inc()
@@ -521,6 +572,8 @@ class Dispatcher:
         if lane is not None:
             if lane.auth_failures or receipt.outcome is Outcome.AUTH:
                 self._credential_state(lane, receipt.outcome, receipt.reason)
+            if lane.config_failures or receipt.outcome is Outcome.PERMANENT:
+                self._config_state(lane, receipt.outcome, receipt.reason)
             lane.metrics.push(receipt.outcome.value, receipt.reason or "").inc()
             lane.metrics.push_latency.observe(receipt.latency)
         else:

@@ -258,6 +258,44 @@ def _realm_status(server: DbRow, realm: DbRow | None) -> dict[str, Any]:
 # --- sends ---------------------------------------------------------------------------
 
 
+class _Repeats:
+    """A line of one kind logged at WARNING at most once per `interval` seconds; the
+    repeats meanwhile go to DEBUG and are counted, and the next WARNING says how many.
+
+    The lines this is for repeat for every push (an ios_app_id no app serves, no FCM app)
+    or request (a server at `server_in_flight`) for as long as their cause lasts: a
+    WARNING each was a flood that hid the line that matters. Keys hold ios_app_ids that
+    registrations name (any well-formed one), so at most `max_keys` are kept, the least
+    recently logged first out.
+    """
+
+    def __init__(
+        self,
+        interval: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 1024,
+    ) -> None:
+        self.interval = interval
+        self.clock = clock
+        self.max_keys = max_keys
+        # key -> (when logged, repeats since, their summed counts)
+        self._last: OrderedDict[tuple[str, ...], tuple[float, int, int]] = OrderedDict()
+
+    def admit(self, key: tuple[str, ...], count: int = 1) -> tuple[int, int] | None:
+        """(repeats, their summed counts) not logged since the last line of `key`, or None:
+        this one is a repeat, for DEBUG."""
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.interval:
+            self._last[key] = (last[0], last[1] + 1, last[2] + count)
+            return None
+        self._last[key] = (now, 0, 0)
+        self._last.move_to_end(key)
+        while len(self._last) > self.max_keys:
+            self._last.popitem(last=False)
+        return (last[1], last[2]) if last is not None else (0, 0)
+
+
 @dataclass
 class _Sent:
     """One E2EE send shared by duplicate requests within the duplicate window."""
@@ -278,6 +316,7 @@ class Bouncer:
         self._background: set[asyncio.Task[Any]] = set()
         self._server_sends: dict[int, int] = {}  # server id -> sends running
         self._methods: dict[str, list[str]] = {}  # endpoint -> methods it answers
+        self.repeats = _Repeats()
 
     @property
     def engine(self) -> AsyncEngine:
@@ -610,7 +649,7 @@ class Bouncer:
                 return None  # kind mismatch: skipped and not counted (Zulip answers 500)
             app_id = self.config.apns_app_id(device.ios_app_id)
             if app_id is None:
-                log.warning("zulip: no APNs app configured for ios_app_id %s", device.ios_app_id)
+                self._log_unserved(device.ios_app_id)
                 return None
             return Push(
                 plugin=self.context.name,
@@ -627,7 +666,7 @@ class Bouncer:
             return None
         fcm_app = self.config.fcm_app_id()
         if fcm_app is None:
-            log.warning("zulip: no FCM app configured")
+            self._log_unserved(None, fcm=True)
             return None
         return Push(
             plugin=self.context.name,
@@ -693,14 +732,44 @@ class Bouncer:
         task.add_done_callback(lambda _: self._send_done(server_id))
         return task
 
-    @staticmethod
-    def _log_not_started(count: int) -> None:
-        if count:
+    def _log_not_started(self, count: int) -> None:
+        """Pushes of a request not started at `server_in_flight`: the first request's line,
+        then at most one a minute, saying how many pushes of how many requests since."""
+        if not count:
+            return
+        message = (
+            "zulip: %d pushes of a request not sent: the server has server_in_flight sends running"
+        )
+        since = self.repeats.admit(("server_in_flight",), count)
+        if since is None:
+            log.debug(message, count)
+        elif since[0]:
             log.warning(
-                "zulip: %d pushes of a request not sent: the server has server_in_flight "
-                "sends running",
+                message + "; %d more pushes in %d requests since the last line",
                 count,
+                since[1],
+                since[0],
             )
+        else:
+            log.warning(message, count)
+
+    def _log_unserved(self, ios_app_id: str | None, *, fcm: bool = False) -> None:
+        """A push not sent: no APNs app serves `ios_app_id` (`fcm`: no FCM app is
+        configured). Registrations are kept (a later configuration may serve them), so this
+        repeats on every push to them: logged once a minute per ios_app_id, with the count."""
+        args: tuple[str | None, ...] = ()
+        if fcm:
+            message = "zulip: no FCM app configured: FCM pushes are not sent"
+        else:
+            message = "zulip: no APNs app configured for ios_app_id %s: its pushes are not sent"
+            args = (ios_app_id,)
+        since = self.repeats.admit(("fcm",) if fcm else ("apns", str(ios_app_id)))
+        if since is None:
+            log.debug(message, *args)
+        elif since[0]:
+            log.warning(message + " (%d more since the last line)", *args, since[0])
+        else:
+            log.warning(message, *args)
 
     def _send_done(self, server_id: int) -> None:
         running = self._server_sends.pop(server_id, 0) - 1
@@ -954,7 +1023,7 @@ class Bouncer:
     ) -> Push | None:
         app_id = self.config.apns_app_id(row.ios_app_id) if row.ios_app_id else None
         if app_id is None:
-            log.warning("zulip: no APNs app configured for ios_app_id %s", row.ios_app_id)
+            self._log_unserved(row.ios_app_id)
             return None
         return Push(
             plugin=self.context.name,
@@ -969,7 +1038,7 @@ class Bouncer:
     def _legacy_fcm_push(self, row: DbRow, message: dict[str, Any]) -> Push | None:
         app_id = self.config.fcm_app_id()
         if app_id is None:
-            log.warning("zulip: no FCM app configured")
+            self._log_unserved(None, fcm=True)
             return None
         return Push(
             plugin=self.context.name,
