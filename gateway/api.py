@@ -33,6 +33,7 @@ from gateway.core.push import (
 )
 from gateway.core.store import Store
 from gateway.hookspecs import PROJECT
+from gateway.logs import RepeatedLines
 
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marks a function as a pushgw hook implementation (`@hookimpl`)."""
@@ -57,6 +58,7 @@ __all__ = [
     "PushPolicy",
     "Reason",
     "Receipt",
+    "RepeatedLines",
     "Service",
     "Store",
     "fcm_data_size_bound",

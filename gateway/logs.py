@@ -16,6 +16,8 @@ import logging
 import sys
 import time
 import traceback
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger, BaseRequest, StreamResponse
@@ -221,3 +223,42 @@ def quiet_third_party(level: str | int = logging.DEBUG) -> None:
     numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, numeric))
+
+
+class RepeatedLines:
+    """A line of one kind (`key`) logged at its level at most once per `interval`
+    seconds; the repeats meanwhile go to DEBUG and are counted, and the next line at its
+    level says how many.
+
+    For lines that would repeat for every push or request for as long as their cause
+    lasts (a provider outage, an app no one configured, a bound reached): a WARNING each
+    is a flood that hides the line that matters, and /metrics counts every push anyway.
+    Keys may hold values clients choose, so at most `max_keys` are kept, the least
+    recently logged first out.
+    """
+
+    def __init__(
+        self,
+        interval: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 1024,
+    ) -> None:
+        self.interval = interval
+        self.clock = clock
+        self.max_keys = max_keys
+        # key -> (when logged, repeats since, their summed counts)
+        self._last: OrderedDict[tuple[str, ...], tuple[float, int, int]] = OrderedDict()
+
+    def admit(self, key: tuple[str, ...], count: int = 1) -> tuple[int, int] | None:
+        """(repeats, their summed counts) not logged since the last line of `key`, or None:
+        this one is a repeat, for DEBUG."""
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.interval:
+            self._last[key] = (last[0], last[1] + 1, last[2] + count)
+            return None
+        self._last[key] = (now, 0, 0)
+        self._last.move_to_end(key)
+        while len(self._last) > self.max_keys:
+            self._last.popitem(last=False)
+        return (last[1], last[2]) if last is not None else (0, 0)

@@ -13,12 +13,21 @@ import enum
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from gateway.api import ApnsOptions, Outcome, PluginContext, Push, PushPolicy, Reason, Receipt
+from gateway.api import (
+    ApnsOptions,
+    Outcome,
+    PluginContext,
+    Push,
+    PushPolicy,
+    Reason,
+    Receipt,
+    RepeatedLines,
+)
 from plugins.matrix.build import Planned, apns_token, plan
 from plugins.matrix.config import MatrixAppConfig, MatrixConfig
 from plugins.matrix.metrics import SygnalMetrics
@@ -123,33 +132,6 @@ class _DeviceLog:
             )
 
 
-class _Repeats:
-    """Across requests: a line of one kind (an app's delivery failures of one outcome,
-    its requests dropped at `inflight_request_limit`) is logged at its level at most once
-    per `interval` seconds; the repeats meanwhile go to DEBUG and are counted, and the
-    next line at its level says how many.
-
-    Synapse sends one device per request: during a provider outage every push was a
-    WARNING, hundreds a second. The core logs the outage itself (breaker, credential),
-    and /metrics counts every push.
-    """
-
-    def __init__(self, interval: float = 60.0, clock: Callable[[], float] = time.monotonic):
-        self.interval = interval
-        self.clock = clock
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # when logged, repeats since
-
-    def admit(self, key: tuple[str, str]) -> int | None:
-        """The repeats not logged since the last line of `key`, or None: this one is a repeat."""
-        now = self.clock()
-        last = self._last.get(key)
-        if last is not None and now - last[0] < self.interval:
-            self._last[key] = (last[0], last[1] + 1)
-            return None
-        self._last[key] = (now, 0)  # keys: configured apps x a few kinds, a bounded set
-        return last[1] if last is not None else 0
-
-
 def outcome_of(receipt: Receipt) -> Result:
     """Map the core's final receipt to what the homeserver is told (§3, §4)."""
     if receipt.outcome is Outcome.OK:
@@ -173,7 +155,7 @@ class MatrixFrontend:
         self.sygnal = metrics.sygnal
         self.apps = {name: _App(name, app) for name, app in config.apps.items()}
         self.router = AppRouter(self.apps)
-        self.repeats = _Repeats()
+        self.repeats = RepeatedLines()
         metrics.touch_apps(self.apps)
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
@@ -328,12 +310,14 @@ class MatrixFrontend:
             return Result.REJECTED
         if not slots.take(app):
             # A provider that stopped answering fills the slots: one line a minute, counted.
-            left_out = self.repeats.admit((app.name, "inflight_request_limit"))
+            since = self.repeats.admit((app.name, "inflight_request_limit"))
             note(
-                logging.DEBUG if left_out is None else logging.WARNING,
+                logging.DEBUG if since is None else logging.WARNING,
                 "app %s: inflight_request_limit reached, dropping%s",
                 app.name,
-                f" ({left_out} more not logged at WARNING since the last)" if left_out else "",
+                f" ({since[0]} more not logged at WARNING since the last)"
+                if since and since[0]
+                else "",
             )
             if self.sygnal:
                 self.metrics.inflight_drop(app.name).inc()
@@ -365,16 +349,18 @@ class MatrixFrontend:
         return result
 
     def _failed(self, note: _DeviceLog, index: int, app: _App, receipt: Receipt) -> None:
-        left_out = self.repeats.admit((app.name, receipt.outcome.value))
+        since = self.repeats.admit((app.name, receipt.outcome.value))
         note(
-            logging.DEBUG if left_out is None else logging.WARNING,
+            logging.DEBUG if since is None else logging.WARNING,
             "device %d, app %s: delivery failed: %s %s after %d attempt(s)%s",
             index,
             app.name,
             receipt.outcome.value,
             receipt.reason or receipt.status,
             receipt.attempts,
-            f" ({left_out} more like it not logged at WARNING since the last)" if left_out else "",
+            f" ({since[0]} more like it not logged at WARNING since the last)"
+            if since and since[0]
+            else "",
         )
 
     async def _send(self, app: _App, token: str, planned: Planned, deadline: float) -> Receipt:

@@ -35,6 +35,7 @@ from gateway.api import (
     Push,
     PushPolicy,
     Receipt,
+    RepeatedLines,
 )
 from plugins.zulip import repo
 from plugins.zulip.auth import RateLimiter, parse_basic_auth, rate_limited
@@ -258,44 +259,6 @@ def _realm_status(server: DbRow, realm: DbRow | None) -> dict[str, Any]:
 # --- sends ---------------------------------------------------------------------------
 
 
-class _Repeats:
-    """A line of one kind logged at WARNING at most once per `interval` seconds; the
-    repeats meanwhile go to DEBUG and are counted, and the next WARNING says how many.
-
-    The lines this is for repeat for every push (an ios_app_id no app serves, no FCM app)
-    or request (a server at `server_in_flight`) for as long as their cause lasts: a
-    WARNING each was a flood that hid the line that matters. Keys hold ios_app_ids that
-    registrations name (any well-formed one), so at most `max_keys` are kept, the least
-    recently logged first out.
-    """
-
-    def __init__(
-        self,
-        interval: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-        max_keys: int = 1024,
-    ) -> None:
-        self.interval = interval
-        self.clock = clock
-        self.max_keys = max_keys
-        # key -> (when logged, repeats since, their summed counts)
-        self._last: OrderedDict[tuple[str, ...], tuple[float, int, int]] = OrderedDict()
-
-    def admit(self, key: tuple[str, ...], count: int = 1) -> tuple[int, int] | None:
-        """(repeats, their summed counts) not logged since the last line of `key`, or None:
-        this one is a repeat, for DEBUG."""
-        now = self.clock()
-        last = self._last.get(key)
-        if last is not None and now - last[0] < self.interval:
-            self._last[key] = (last[0], last[1] + 1, last[2] + count)
-            return None
-        self._last[key] = (now, 0, 0)
-        self._last.move_to_end(key)
-        while len(self._last) > self.max_keys:
-            self._last.popitem(last=False)
-        return (last[1], last[2]) if last is not None else (0, 0)
-
-
 @dataclass
 class _Sent:
     """One E2EE send shared by duplicate requests within the duplicate window."""
@@ -316,7 +279,7 @@ class Bouncer:
         self._background: set[asyncio.Task[Any]] = set()
         self._server_sends: dict[int, int] = {}  # server id -> sends running
         self._methods: dict[str, list[str]] = {}  # endpoint -> methods it answers
-        self.repeats = _Repeats()
+        self.repeats = RepeatedLines()
 
     @property
     def engine(self) -> AsyncEngine:
