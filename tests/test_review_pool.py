@@ -13,22 +13,17 @@ Each test runs on a fresh PostgreSQL database of its own (skipped when none answ
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import pytest_asyncio
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from gateway.testing import ApnsResponse, ApnsSimulator, FcmSimulator
-from gateway.testing.databases import DEFAULT_POSTGRES, POSTGRES_ENV, postgres_required
 from gateway.testing.harness import GatewayHarness
 from tests.zulip.conftest import ZulipServer, apns_token, zulip_config
 
@@ -37,31 +32,6 @@ from tests.zulip.conftest import ZulipServer, apns_token, zulip_config
 GUARD = 20.0
 DEADLINE = 3.0  # the zulip plugin's `notify_deadline` here
 POOL_SIZE = 1
-
-
-# --- a database of our own -------------------------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def pg_url() -> AsyncIterator[str]:
-    """A fresh `pool_review_<random>` database, dropped afterwards."""
-    admin_url = make_url(os.environ.get(POSTGRES_ENV, DEFAULT_POSTGRES))
-    name = f"pool_review_{uuid.uuid4().hex[:12]}"
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        async with admin.connect() as conn:
-            await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except (OSError, ConnectionError) as exc:
-        await admin.dispose()
-        if postgres_required():
-            pytest.fail(f"PostgreSQL is required here: {exc}")
-        pytest.skip(f"no PostgreSQL reachable: {exc}")
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        async with admin.connect() as conn:
-            await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        await admin.dispose()
 
 
 @dataclass
@@ -113,11 +83,11 @@ class Env:
 
 
 @pytest_asyncio.fixture
-async def env(tmp_path: Path, pg_url: str) -> AsyncIterator[Env]:
-    other = create_async_engine(pg_url, isolation_level="AUTOCOMMIT")
+async def env(tmp_path: Path, postgres_url: str) -> AsyncIterator[Env]:
+    other = create_async_engine(postgres_url, isolation_level="AUTOCOMMIT")
     async with ApnsSimulator() as apns, FcmSimulator() as fcm:
         config = zulip_config(apns, fcm, tmp_path, notify_deadline=DEADLINE)
-        config["store"] = {"url": pg_url, "pool_size": POOL_SIZE}
+        config["store"] = {"url": postgres_url, "pool_size": POOL_SIZE}
         try:
             async with GatewayHarness(config) as harness:
                 yield Env(harness, apns, other)
