@@ -13,6 +13,7 @@ Each test runs on a fresh PostgreSQL database of its own (skipped when none answ
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from gateway.testing import ApnsResponse, ApnsSimulator, FcmSimulator
 from gateway.testing.harness import GatewayHarness
-from tests.zulip.conftest import ZulipServer, apns_token, zulip_config
+from tests.zulip.conftest import ZulipServer, apns_token, realm_dict, zulip_config
 
 # How long a test waits for an answer that must come: far above the deadlines these
 # tests configure (3 s at most), far below the hangs they catch (30 s, or for ever).
@@ -147,6 +148,22 @@ async def test_a_registration_behind_a_locked_table_gets_a_503_by_the_deadline(e
     assert env.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     # The server's retry, once the lock is gone: served, no restart.
     status, body = await asyncio.wait_for(server.legacy_register(token, 1, user_id=1), GUARD)
+    assert status == 200, body
+
+
+async def test_an_analytics_upload_behind_a_locked_table_gets_a_503(env: Env) -> None:
+    """`server/analytics` had only its authentication bounded: behind a locked realms
+    table it waited as long as the lock lasted, past Zulip's 90 s, holding a pooled
+    connection. Its database work gets `notify_deadline` from when it starts, then the
+    503 Zulip retries; once the table is free the same upload is served."""
+    server = env.server()
+    await server.register()
+    realms = [realm_dict(str(uuid.uuid4()))]
+    async with env.locked("zulip_realms"):
+        status, body = await asyncio.wait_for(server.analytics(realms), GUARD)
+        assert retry_later(status, body), body
+    assert env.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    status, body = await asyncio.wait_for(server.analytics(realms), GUARD)
     assert status == 200, body
 
 

@@ -495,7 +495,11 @@ class Bouncer:
             "merge_base": _json_text(params, "merge_base"),
             "api_feature_level": optional_int(params, "api_feature_level", INT32),
         }
-        async with self.engine.begin() as conn:
+        # Zulip waits 90 s for an upload, whose body (up to `analytics_max_bytes`) may
+        # take a while to come: its database work gets `notify_deadline` of its own, from
+        # now. Unbounded, a locked table held it (and a pooled connection) for as long.
+        self._start_clock(request)
+        async with self._database(request), self.engine.begin() as conn:
             if await repo.realms_of_other_servers(conn, server.id, (i.uuid for i in infos)):
                 raise ZulipError("Duplicate registration detected.")
             await repo.record_analytics_ids(conn, server, ids, meta)
