@@ -111,7 +111,8 @@ def pushgw_services(context: PluginContext) -> Iterable[Service] | None:
 def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) -> Any:
     """Per plugin, only on the plugin that owns the token: one of its tokens is dead. May be async.
 
-    Called once per token when a provider says the token will never work again
+    Called once per token (and again for an answer to a push sent after that call
+    began, see `observed_at` below) when a provider says the token will never work again
     (APNs 410 / BadDeviceToken / DeviceTokenNotForTopic, FCM UNREGISTERED /
     SENDER_ID_MISMATCH / INVALID_ARGUMENT on the token), and when an operator retires
     dead tokens found by the receipts analytics (`pushgw tokens retire`), in which case
