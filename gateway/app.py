@@ -507,8 +507,9 @@ class BodyTimeout(web.RequestPayloadError):
 
     A `RequestPayloadError`, as a body that cannot be read: what handlers already answer
     as the client's mistake. The middleware then answers 408 and closes the connection:
-    with the handler's own answer when it is a 408 (a plugin whose clients parse every
-    error in their protocol's terms catches this to answer so), else with the core's.
+    with the handler's own answer when it is a 408, returned or raised (a plugin whose
+    clients parse every error in their protocol's terms catches this to answer so), else
+    with the core's.
     """
 
 
@@ -567,8 +568,11 @@ def _request_middleware(metrics: Metrics, body_timeout: float | None = None) -> 
             response: web.StreamResponse | None = None
             try:
                 response = await handler(request)
-            except Exception:
+            except Exception as exc:
                 if deadline is None or not deadline.expired:
+                    raise
+                if isinstance(exc, web.HTTPException) and exc.status == 408:
+                    exc.force_close()  # the handler's own 408, raised (aiohttp's idiom)
                     raise
             if deadline is not None and deadline.expired:
                 # Whatever the handler made of `BodyTimeout` (a 400, an exception): 408,
