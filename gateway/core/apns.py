@@ -281,6 +281,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         self._flush_scheduled = False
         self._last_write = 0.0
         self._retired = False  # out of the pool; closes when its last stream ends
+        self.on_capacity: Callable[[], None] | None = None  # set by the pool
         # Huffman coding saves a third of the header bytes and costs ~100 µs of CPU per
         # request in pure-Python hpack: on a provider link, CPU is the scarcer resource.
         self.conn.encoder.encode = partial(self.conn.encoder.encode, huffman=False)  # type: ignore[method-assign]
@@ -344,6 +345,8 @@ class _ApnsProtocol(APNsTLSClientProtocol):
     def on_remote_settings_changed(self, changed_settings: Any) -> None:
         limit = self.conn.remote_settings.max_concurrent_streams
         self.free_channels.bound = max(1, min(limit, MAX_STREAMS))
+        if self.on_capacity is not None:
+            self.on_capacity()
 
     async def send_notification(self, request: NotificationRequest) -> NotificationResult:
         assert isinstance(request, _Request)
@@ -544,6 +547,20 @@ class _ApnsPool(APNsBaseConnectionPool):
         self.ssl_context = ssl_context
         self.auth = auth
         self.proxy = urlsplit(proxy) if proxy else None
+        self.on_capacity: Callable[[], None] | None = None  # `streams()` may have changed
+
+    def streams(self) -> int:
+        """Requests the pool can carry at once: the stream bound of each open connection
+        (what its server's SETTINGS allow), and one for each connection it may still open
+        (a fresh connection allows one until those SETTINGS come)."""
+        bounds = sum(
+            c.free_channels.bound for c in self.connections if isinstance(c, _ApnsProtocol)
+        )
+        return bounds + max(self.max_connections - len(self.connections), 0)
+
+    def _capacity_changed(self) -> None:
+        if self.on_capacity is not None:
+            self.on_capacity()
 
     async def create_connection(self) -> APNsBaseClientProtocol:
         host = self.protocol_class.APNS_SERVER
@@ -604,6 +621,9 @@ class _ApnsPool(APNsBaseConnectionPool):
                     except Exception as exc:
                         raise ApnsConnectionError(type(exc).__name__) from exc
                     self.connections.append(connection)
+                    if isinstance(connection, _ApnsProtocol):
+                        connection.on_capacity = self._capacity_changed
+                    self._capacity_changed()
                     return connection
         # All connections full: queue on the least loaded one's stream semaphore instead
         # of aioapns's 10 ms busy-poll, which also logs a WARNING per waiting send.
@@ -613,6 +633,7 @@ class _ApnsPool(APNsBaseConnectionPool):
         # aioapns raises ValueError when a connection is discarded twice.
         if connection in self.connections:
             self.connections.remove(connection)
+            self._capacity_changed()
 
     def close(self) -> None:
         # A copy: closing a connection discards it from `connections` at once.
@@ -713,6 +734,7 @@ class ApnsClient:
         self.config = config
         # More sends than the connections' streams would wait inside the pool, where the
         # wait eats their request timeout: let them queue in the dispatcher's lane instead.
+        # The ceiling; `follow_capacity` keeps the lane to the streams the server allows.
         self.max_in_flight = min(config.max_in_flight, config.max_connections * MAX_STREAMS)
         sandbox = config.environment == "sandbox"
         self.host = config.host or (SANDBOX_HOST if sandbox else PRODUCTION_HOST)
@@ -729,6 +751,7 @@ class ApnsClient:
             # The loader `check-config` uses too (CredentialError when it does not load).
             self._auth = _ProviderToken(config.signing_key(), config.key_id, config.team_id)
         self._pool: _ApnsPool | None = None
+        self._capacity_listener: Callable[[int], None] | None = None
 
     # ProviderClient ------------------------------------------------------------------
 
@@ -751,6 +774,27 @@ class ApnsClient:
             auth=self._auth,
             proxy=self._proxy,
         )
+        self._pool.on_capacity = self._capacity_changed
+
+    def follow_capacity(self, listener: Callable[[int], None]) -> None:
+        """Call `listener` with the number of requests the connections can carry at once,
+        now and whenever it changes (the dispatcher sizes the lane's slots by it).
+
+        APNs says how many streams a connection may carry (SETTINGS_MAX_CONCURRENT_STREAMS:
+        one on a fresh token-auth connection, then hundreds; fewer from a provider under
+        load). Sends beyond it waited inside the pool, past their push's deadline and into
+        their request timeout: a slow but healthy provider then timed out whole bursts,
+        and the timeouts opened the circuit breaker. In the lane they wait deadline-aware.
+        """
+        self._capacity_listener = listener
+        self._capacity_changed()
+
+    def _capacity_changed(self) -> None:
+        if self._capacity_listener is None:
+            return
+        pool = self._pool
+        streams = pool.streams() if pool is not None else self.config.max_connections
+        self._capacity_listener(max(1, min(self.max_in_flight, streams)))
 
     def ready(self) -> bool:
         return self._pool is not None

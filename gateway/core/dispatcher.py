@@ -156,11 +156,18 @@ class Dispatcher:
 
     def add_app(self, plugin: str, app_id: str, client: ProviderClient) -> None:
         cb = self.config.circuit_breaker
+        slots = DeadlineSlots(client.max_in_flight)
+        # A client that can carry fewer requests at once than `max_in_flight` (APNs: the
+        # streams its server allows) keeps the lane's slots to that: beyond it, requests
+        # would wait inside the client, unaware of their deadline (see `ProviderClient`).
+        follow = getattr(client, "follow_capacity", None)
+        if follow is not None:
+            follow(slots.resize)
         lane = Lane(
             plugin=plugin,
             app_id=app_id,
             client=client,
-            slots=DeadlineSlots(client.max_in_flight),
+            slots=slots,
             breaker=CircuitBreaker(cb.failure_threshold, cb.reset_after),
             guard=InvalidationGuard(
                 self.config.invalidation_guard_min,
@@ -271,6 +278,11 @@ class Dispatcher:
             if not await lane.slots.acquire(loop_deadline):
                 return self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
             started = time.monotonic()
+            if lane.gate_until > started:
+                # Closed while this push waited for its slot (a credential-wide 429 to the
+                # push before it): the gate holds every push not yet sent, so back to it.
+                lane.slots.release()
+                continue
             # Claimed here, with no await before the request: a push shed or stopped on
             # its way to a slot leaves the trial to the next one.
             if not lane.breaker.allow(started):  # another push took the trial meanwhile

@@ -18,6 +18,10 @@ class ProviderClient(Protocol):
 
     kind: ProviderKind
     app_id: str
+    # The most requests the lane gives the client at once. A client whose provider says
+    # how many it may have open (APNs' SETTINGS_MAX_CONCURRENT_STREAMS) may also define
+    # `follow_capacity(listener)`, calling `listener(n)` now and whenever that changes:
+    # the lane then gives it at most `n` (never more than `max_in_flight`).
     max_in_flight: int
 
     def validate(self, push: Push) -> Attempt | None:

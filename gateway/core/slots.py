@@ -57,6 +57,9 @@ class DeadlineSlots:
 
     def release(self) -> None:
         """Give a slot back: to the oldest waiter still waiting, else to the pool."""
+        if self._free < 0:  # more held than a shrunk limit allows: this one is gone
+            self._free += 1
+            return
         waiters = self._waiters
         while waiters:
             _, future = waiters.popleft()
@@ -64,6 +67,19 @@ class DeadlineSlots:
                 future.set_result(True)
                 return
         self._free += 1
+
+    def resize(self, limit: int) -> None:
+        """Change the number of slots (a provider that now allows more or fewer requests
+        at once): a grown limit serves waiters at once, a shrunk one as slots come back."""
+        limit = max(limit, 1)
+        self._free += limit - self.limit
+        self.limit = limit
+        waiters = self._waiters
+        while self._free > 0 and waiters:
+            _, future = waiters.popleft()
+            if not future.done():  # skip the expired and the cancelled
+                future.set_result(True)
+                self._free -= 1
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
