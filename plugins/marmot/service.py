@@ -4,7 +4,8 @@ Per relay event (spec sections 5, 7, 8 and 9), in this order:
 
 1. frame size (in :mod:`plugins.marmot.relay`, before parsing); an event outside our filter
    (another kind, or no ``p`` tag for our key) is dropped before it can take a limiter token;
-2. seen-wrap cache: a wrap id already verified in this process is skipped without any crypto;
+2. seen-wrap cache: a wrap id already verified in this process is skipped without any crypto,
+   and so is a copy identical to one still queued or being unwrapped (another relay's);
 3. global pre-unwrap limiter, then the bounded input queue (full: drop);
 4. unwrap (checks 1-8) and trigger parsing (check 9);
 5. content dedup on ``SHA-256(decoded content)``, inserted before any chunk work;
@@ -160,6 +161,10 @@ class MarmotService:
         self._executor: ThreadPoolExecutor | None = None
         self._pool: ProcessPoolExecutor | None = None
         self._inflight_ids: dict[str, list[Mapping[str, Any]]] = {}
+        # wrap id -> its copies queued or being processed (distinct ones: forgeries aside,
+        # there is one). An identical copy (another relay's, a backfill's) is a duplicate
+        # before the global limiter: the limit is charged once per wrap, not once per relay.
+        self._pending: dict[str, list[Mapping[str, Any]]] = {}
         self._inflight = 0
         self._inbox_task: asyncio.Task[None] | None = None
         self._running = False
@@ -230,6 +235,7 @@ class MarmotService:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []
+        self._pending.clear()  # the queued copies die with the queue
         if left:
             self.metrics.events("shutdown", "dropped").inc(left)
             log.warning("marmot: stopped with %d event(s) not processed", left)
@@ -331,7 +337,13 @@ class MarmotService:
             relay.report_once("off_filter", "sent events our subscription did not ask for")
             return
         wrap_id = event.get("id")
-        if isinstance(wrap_id, str) and wrap_id in self.seen:
+        pending = self._pending.get(wrap_id) if isinstance(wrap_id, str) else None
+        if isinstance(wrap_id, str) and (
+            wrap_id in self.seen or (pending is not None and event in pending)
+        ):
+            # A copy identical to one queued or being unwrapped gets whatever that one
+            # gets (verification depends on the bytes only). A different event with the
+            # same id (a forgery of a real id) still goes through, so cannot suppress it.
             self._count("seen", "duplicate")
             return
         if not self.global_limiter.allow():
@@ -345,6 +357,8 @@ class MarmotService:
         except asyncio.QueueFull:
             self._count("global_limit", "queue_full")
             return
+        if isinstance(wrap_id, str):
+            self._pending.setdefault(wrap_id, []).append(event)
         self.metrics.queued.set(queue.qsize())
 
     # -- workers --------------------------------------------------------------------------------
@@ -373,9 +387,21 @@ class MarmotService:
                 log.exception("marmot: internal error while processing an event")
                 self._count("internal", "error")
             finally:
+                self._unpend(event)
                 self._inflight -= 1
                 self.metrics.inflight.set(self._inflight)
                 queue.task_done()  # stop() drains with queue.join()
+
+    def _unpend(self, event: Mapping[str, Any]) -> None:
+        """`event` is done with: its identical copies are no longer duplicates of a pending one."""
+        wrap_id = event.get("id")
+        if not isinstance(wrap_id, str) or wrap_id not in self._pending:
+            return
+        left = [copy for copy in self._pending[wrap_id] if copy is not event]
+        if left:
+            self._pending[wrap_id] = left
+        else:
+            del self._pending[wrap_id]
 
     async def _process(self, event: Mapping[str, Any]) -> None:
         wrap_id = event.get("id")

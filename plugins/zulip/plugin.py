@@ -121,20 +121,32 @@ async def pushgw_token_invalid(context: PluginContext, invalid: InvalidToken) ->
         return None
 
     matched: list[Forget] = []
+    live = 0  # registrations the hash matched that were not expired already
     async with engine.connect() as conn:
         if invalid.token is not None:
             matched = [(invalid.token, True, None), (invalid.token, False, None)]
         else:
             e2ee = await repo.e2ee_by_token_hash(conn, invalid.token_hash)
             legacy = await repo.legacy_by_token_hash(conn, invalid.token_hash)
-            rows = [wanted(r.token, r.token_kind == repo.APNS_KIND, r.ios_app_id) for r in e2ee]
-            rows += [wanted(r.token, r.kind == 1, r.ios_app_id) for r in legacy]
-            matched = [row for row in rows if row is not None]
+            for e2ee_row in e2ee:
+                row = wanted(
+                    e2ee_row.token, e2ee_row.token_kind == repo.APNS_KIND, e2ee_row.ios_app_id
+                )
+                if row is not None:
+                    matched.append(row)
+                    # An expired row stays until gc: retiring the same file again
+                    # must not count it as a registration found (docs/cli.md).
+                    live += e2ee_row.expired_at is None
+            for legacy_row in legacy:  # deleted when forgotten: each one is live
+                row = wanted(legacy_row.token, legacy_row.kind == 1, legacy_row.ios_app_id)
+                if row is not None:
+                    matched.append(row)
+                    live += 1
     for token, apns, ios_app_id in set(matched):
         await forget_token(engine, token, apns=apns, ios_app_id=ios_app_id, before=before)
-    # registrations the hash matched (stored hashes are of the current key: after a
+    # live registrations the hash matched (stored hashes are of the current key: after a
     # receipts.hmac_key rotation, `pushgw zulip rehash-tokens` remakes them)
-    return None if invalid.token is not None else len(matched)
+    return None if invalid.token is not None else live
 
 
 @hookimpl

@@ -403,10 +403,14 @@ async def expire_e2ee_by_token(
 
 
 async def e2ee_by_token_hash(conn: AsyncConnection, token_hash: str) -> Sequence[DbRow]:
+    """Rows of the hash, expired ones too (`expired_at` says which: kept until gc)."""
     result = await conn.execute(
-        select(e2ee_devices.c.token, e2ee_devices.c.token_kind, e2ee_devices.c.ios_app_id).where(
-            e2ee_devices.c.token_hash == token_hash
-        )
+        select(
+            e2ee_devices.c.token,
+            e2ee_devices.c.token_kind,
+            e2ee_devices.c.ios_app_id,
+            e2ee_devices.c.expired_at,
+        ).where(e2ee_devices.c.token_hash == token_hash)
     )
     return result.all()
 

@@ -97,9 +97,8 @@ async def test_a_relay_ignoring_our_filter_does_not_starve_the_other_relays(
 
 async def test_the_same_wrap_thousands_of_times_is_unwrapped_once(tmp_path: Path) -> None:
     """Already right: a burst of copies of one wrap is unwrapped and pushed once (later copies
-    hit the seen-wrap cache or wait for the copy in flight) and the connection stays up. The
-    global limit is raised: copies read before the first is verified each take a token, and
-    this test is about the copies, not about that budget."""
+    hit the seen-wrap cache or the copy still queued) and the connection stays up. The
+    global limit is raised: this test is about the copies, not about that budget."""
     async with (
         ScriptedRelay() as bad,
         ScriptedRelay() as good,
