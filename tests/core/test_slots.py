@@ -66,6 +66,39 @@ async def test_later_deadlines_stay_armed_after_an_earlier_one_expires() -> None
     assert slots.waiting == 0
 
 
+async def test_waiters_expire_in_deadline_order_whatever_their_arrival() -> None:
+    slots = DeadlineSlots(1)
+    assert await slots.acquire(later(10))
+    waiters = {
+        name: asyncio.create_task(slots.acquire(later(seconds)))
+        for name, seconds in (("late", 0.06), ("early", 0.01), ("middle", 0.03))
+    }
+    ended: list[str] = []
+    pending = set(waiters.values())
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        ended += sorted(name for name, task in waiters.items() if task in done)
+    assert ended == ["early", "middle", "late"]
+    assert all(task.result() is False for task in waiters.values())
+
+
+async def test_expired_and_served_waiters_are_not_kept() -> None:
+    """Both the FIFO and the deadline heap let go of waiters that are done with: a
+    saturated lane must not hold a second copy of its queue until deadlines pass."""
+    slots = DeadlineSlots(1)
+    assert await slots.acquire(later(10))
+    expiring = [asyncio.create_task(slots.acquire(later(0.01))) for _ in range(500)]
+    assert not any(await asyncio.gather(*expiring))
+    assert len(slots._waiters) <= 64 and len(slots._deadlines) == 0  # from 500
+    served = [asyncio.create_task(slots.acquire(later(60))) for _ in range(500)]
+    await asyncio.sleep(0)
+    for _ in served:
+        slots.release()
+    assert all(await asyncio.gather(*served))
+    assert len(slots._deadlines) <= 65
+    assert slots.waiting == 0
+
+
 async def test_a_past_deadline_fails_at_once_when_full() -> None:
     slots = DeadlineSlots(1)
     assert await slots.acquire(later(10))
