@@ -9,7 +9,10 @@ underscore-prefixed entries, which Spark also leaves out.
 
 from __future__ import annotations
 
+import gzip
 import json
+import stat
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +22,7 @@ from gateway.core.receipts import record_line
 PUBLISHED_SUFFIXES = (".jsonl", ".parquet")
 _CHUNK = 1 << 20  # bytes of a JSON Lines file read at once
 _PARQUET_MAGIC = b"PAR1"  # the first (and last) bytes of every Parquet file
+_GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (RFC 1952)
 
 
 class Output(Protocol):
@@ -40,14 +44,27 @@ def published_files(
     the order receipts were written in, across the writers and hosts of a directory.
     A directory that cannot be listed, or an entry that cannot be looked at, raises
     ReceiptFileError, or, with `on_error` (as `os.walk`'s `onerror`), is passed to it
-    and left out.
+    and left out. A file reached by two names (a symbolic or hard link to it in the
+    tree) is listed once, by the first name in that order: its receipts are not
+    printed twice.
     """
     found = [
-        path
-        for path in _walk(directory, on_error, set())
-        if path.suffix in PUBLISHED_SUFFIXES and path.is_file()
+        path for path in _walk(directory, on_error, set()) if path.suffix in PUBLISHED_SUFFIXES
     ]
-    return sorted(found, key=lambda path: (path.name, str(path)))
+    files: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for path in sorted(found, key=lambda path: (path.name, str(path))):
+        try:
+            info = path.stat()  # through a symbolic link: the file it leads to
+        except FileNotFoundError:  # a dangling link, or gone since it was listed
+            continue
+        except OSError as exc:
+            _report(path, exc, on_error)
+            continue
+        if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) not in seen:
+            seen.add((info.st_dev, info.st_ino))
+            files.append(path)
+    return files
 
 
 def _walk(
@@ -104,15 +121,24 @@ def receipt_chunks(path: Path) -> Iterator[bytes]:
     file, a batch of a Parquet file's rows.
 
     A Parquet file (told by its first bytes, whatever its name) gives its rows as the
-    writer wrote them before converting them, byte for byte; any other file is given as
-    it is, as JSON Lines (a last line cut short by a crash included, then ended with a
-    newline). Raises ReceiptFileError when the file cannot be read.
+    writer wrote them before converting them, byte for byte; a gzip-compressed file (an
+    operator's archived `.jsonl.gz`, also told by its first bytes) is decompressed; any
+    other file is given as it is, as JSON Lines (a last line cut short by a crash
+    included, then ended with a newline). Raises ReceiptFileError when the file cannot
+    be read.
     """
     try:
-        if _is_parquet(path):
+        magic = _magic(path)
+        if magic == _PARQUET_MAGIC:
             yield from _parquet_chunks(path)
+        elif magic.startswith(_GZIP_MAGIC):
+            yield from _line_chunks(path, compressed=True)
         else:
             yield from _line_chunks(path)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        # never the bytes as they are: a text tool would get binary for receipts
+        problem = f"gzip-compressed data cut short or damaged ({type(exc).__name__})"
+        raise ReceiptFileError(f"{path}: {problem}") from None
     except (OSError, ValueError) as exc:
         raise ReceiptFileError(f"{path}: {_why(exc)}") from None
 
@@ -129,17 +155,24 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in data.splitlines() if line.strip()]
 
 
-def _is_parquet(path: Path) -> bool:
+def _magic(path: Path) -> bytes:
     with path.open("rb") as source:
-        return source.read(len(_PARQUET_MAGIC)) == _PARQUET_MAGIC
+        return source.read(len(_PARQUET_MAGIC))
 
 
-def _line_chunks(path: Path) -> Iterator[bytes]:
+def _line_chunks(path: Path, *, compressed: bool = False) -> Iterator[bytes]:
     last = b"\n"
-    with path.open("rb") as source:
-        while chunk := source.read(_CHUNK):
-            yield chunk
-            last = chunk[-1:]
+    try:
+        with gzip.open(path, "rb") if compressed else path.open("rb") as source:
+            # read1: gzip gives what it decompressed so far, so a file cut short
+            # still gives the lines before the cut (as a crash's `.jsonl` does)
+            while chunk := source.read1(_CHUNK):
+                yield chunk
+                last = chunk[-1:]
+    except (OSError, EOFError, zlib.error):
+        if last != b"\n":  # the next file's first line must not join a cut one
+            yield b"\n"
+        raise
     if last != b"\n":
         yield b"\n"
 

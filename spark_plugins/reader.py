@@ -153,13 +153,18 @@ def _reached_twice(root: str) -> str | None:
     (`current -> .`) has it read every file below once per level until the path is too
     long, and a second route to a directory reads its files twice; every count of every
     job would be that many times too large. A link to a receipts file read anyway is the
-    same: that file read twice."""
-    seen: dict[str, str] = {}
-    files: dict[str, str] = {}  # real path of each receipts file -> as listed
+    same: that file read twice, and so is a hard link to one (a `cp -al` snapshot kept
+    in the tree). Directories and files are told apart by device and inode."""
+    seen: dict[tuple[int, int], str] = {}
+    files: dict[tuple[int, int], str] = {}  # each receipts file -> as listed
     stack = [root]
     while stack:
         directory = stack.pop()
-        real = os.path.realpath(directory)
+        try:
+            info = os.stat(directory)
+        except OSError:  # gone, or not searchable: Spark's listing reports it
+            continue
+        real = (info.st_dev, info.st_ino)
         if real in seen:
             return (
                 f"{directory} is {seen[real]} again (a symbolic link leads there): "
@@ -180,14 +185,14 @@ def _reached_twice(root: str) -> str | None:
                     continue
                 if not entry.name.endswith((".jsonl", ".parquet")):
                     continue
-                file = os.path.realpath(listed) if entry.is_symlink() else None
-            except OSError:
+                stat = entry.stat()  # through a symbolic link: the file it leads to
+            except OSError:  # a dangling link: Spark lists nothing there either
                 continue
-            file = file or os.path.join(real, entry.name)
+            file = (stat.st_dev, stat.st_ino)
             if file in files:
                 return (
-                    f"{listed} and {files[file]} are the same file (a symbolic link): "
-                    "its receipts would be read twice"
+                    f"{listed} and {files[file]} are the same file (a symbolic or hard "
+                    "link): its receipts would be read twice"
                 )
             files[file] = listed
     return None
