@@ -117,7 +117,18 @@ def redacted_traceback(exc: BaseException) -> str:
 
 
 class RedactingFormatter(logging.Formatter):
-    """A `logging.Formatter` whose tracebacks leave out exception messages."""
+    """A `logging.Formatter` whose tracebacks leave out exception messages, and whose
+    `%(asctime)s` is UTC, `2025-01-01T12:00:00.123Z`."""
+
+    # logging's default is the machine's local time without its offset: under
+    # TZ=Pacific/Chatham a line read 13:45 ahead of the JSON lines, receipts and reports
+    # (all UTC), and nothing on it said so.
+    default_time_format = "%Y-%m-%dT%H:%M:%S"
+    default_msec_format = "%s.%03dZ"
+
+    @staticmethod
+    def converter(seconds: float | None = None) -> time.struct_time:
+        return time.gmtime(seconds)
 
     def format(self, record: logging.LogRecord) -> str:
         # `logging.Formatter` caches the traceback text on the record, and another

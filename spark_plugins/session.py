@@ -149,6 +149,20 @@ def local_conf(cores: str = "*") -> dict[str, str]:
     }
 
 
+def _utf8_jvm_locale() -> None:
+    """Have the JVM that pyspark starts encode file names in UTF-8 under LC_ALL=C.
+
+    Java 17 encodes file names in the locale's charset (`sun.jnu.encoding`, which no
+    `-D` option overrides): ASCII under LC_ALL=C or POSIX, where a receipts or output
+    path with a non-ASCII letter was "Path does not exist" to Spark while Python (in
+    UTF-8 mode there, PEP 540) found it. Python hands its children C.UTF-8 for LC_CTYPE
+    (PEP 538) but not when LC_ALL is set; the JVM inherits this environment, so LC_ALL
+    gets the same treatment. Other locales are left as the operator set them.
+    """
+    if os.environ.get("LC_ALL") in ("C", "POSIX"):
+        os.environ["LC_ALL"] = "C.UTF-8"
+
+
 def get_session(
     master: str | None = None,
     *,
@@ -176,6 +190,8 @@ def get_session(
             settings.update(local_conf())
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no hostname lookup warning
         settings["spark.master"] = master
+    if not under_spark_submit():  # the JVM is ours to start (spark-submit's is up already)
+        _utf8_jvm_locale()
     settings.update(SQL_CONF)
     settings.update(conf or {})
     for key, value in settings.items():
