@@ -49,7 +49,7 @@ from gateway.core.receipts import ReceiptWriter
 from gateway.core.store import Store
 from gateway.core.tokens import TokenInvalidation
 from gateway.logs import request_id, route_pattern
-from gateway.loops import tune_gc
+from gateway.loops import thaw_gc, tune_gc
 from gateway.plugins import PluginRegistry
 
 log = logging.getLogger(__name__)
@@ -228,6 +228,7 @@ def create_app(gateway: LoadedGateway) -> web.Application:
     if settings.server.metrics_port is not None:
         app.cleanup_ctx.append(_metrics_server_ctx)
     app.on_startup.append(_freeze_startup_objects)  # runs after the contexts above
+    app.on_cleanup.append(_thaw_startup_objects)  # runs after the contexts' cleanup
     return app
 
 
@@ -275,6 +276,11 @@ def _route_owner(taken: Mapping[tuple[str, str], str], method: str, path: str) -
 async def _freeze_startup_objects(app: web.Application) -> None:
     """Runs after the contexts above: what they built is start-up's, frozen by `tune_gc`."""
     tune_gc()
+
+
+async def _thaw_startup_objects(app: web.Application) -> None:
+    """What start-up froze can be collected again once the gateway stopped (`thaw_gc`)."""
+    thaw_gc()
 
 
 async def _delivery_ctx(app: web.Application) -> AsyncIterator[None]:
