@@ -228,6 +228,7 @@ def create_app(gateway: LoadedGateway) -> web.Application:
     if settings.server.metrics_port is not None:
         app.cleanup_ctx.append(_metrics_server_ctx)
     app.on_startup.append(_freeze_startup_objects)  # runs after the contexts above
+    app.on_shutdown.append(_cut_pushes_at_shutdown_timeout)
     app.on_cleanup.append(_thaw_startup_objects)  # runs after the contexts' cleanup
     return app
 
@@ -281,6 +282,16 @@ async def _freeze_startup_objects(app: web.Application) -> None:
 async def _thaw_startup_objects(app: web.Application) -> None:
     """What start-up froze can be collected again once the gateway stopped (`thaw_gc`)."""
     thaw_gc()
+
+
+async def _cut_pushes_at_shutdown_timeout(app: web.Application) -> None:
+    """Shutdown begins (the server no longer listens): aiohttp now waits
+    `server.shutdown_timeout` for the request handlers, then cuts them and drops their
+    connections unanswered. The pushes they still wait for end first (`cut_after`), so
+    that each caller gets its protocol's answer."""
+    gateway = app[GATEWAY]
+    if gateway.runtime.dispatcher is not None:
+        gateway.runtime.dispatcher.cut_after(gateway.settings.server.shutdown_timeout)
 
 
 async def _delivery_ctx(app: web.Application) -> AsyncIterator[None]:

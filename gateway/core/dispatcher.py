@@ -151,6 +151,12 @@ class Dispatcher:
         self._background: set[asyncio.Task[Receipt]] = set()
         # Token-invalid reports that outlived their push's deadline (see `_token_invalid`).
         self._reports: set[asyncio.Task[bool]] = set()
+        # `cut_after()`: the pushes accepted before `_cut_before` (monotonic) end at their
+        # next step; `_waits` are the provider requests and retry waits out meanwhile.
+        self._cut_before = 0.0
+        self._cut_timer: asyncio.TimerHandle | None = None
+        self._waits: set[asyncio.Timeout] = set()
+        self._stopped_pushes = 0  # accepted pushes ended transient/shutting_down
 
     # --- lanes ---------------------------------------------------------------
 
@@ -205,6 +211,7 @@ class Dispatcher:
                 0,
             )
         if self._closing.is_set():
+            self._stopped_pushes += 1
             return await self._final(
                 push, lane, Attempt(Outcome.TRANSIENT, reason=Reason.SHUTTING_DOWN), 0
             )
@@ -261,13 +268,19 @@ class Dispatcher:
         while True:
             now = time.monotonic()
             if now >= deadline:
-                return self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
+                return self._shed(
+                    push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts, last
+                )
             if lane.breaker.rejects(now):  # fail fast: no wait for a slot
-                return self._shed(push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts)
+                return self._shed(
+                    push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts, last
+                )
             if lane.gate_until > now:
                 if lane.gate_until >= deadline:
-                    return self._shed(push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts)
-                if not await self._pause(lane.gate_until - now):
+                    return self._shed(
+                        push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts, last
+                    )
+                if not await self._pause(push, lane.gate_until - now):
                     return self._stopped(push, lane, last, attempts)
                 continue
             # The slots count deadlines in the loop's clock, which need not be ours: uvloop's
@@ -276,7 +289,12 @@ class Dispatcher:
             # every push waiting for a slot was shed at once, or waited past its deadline.
             loop_deadline = deadline - now + asyncio.get_running_loop().time()
             if not await lane.slots.acquire(loop_deadline):
-                return self._shed(push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts)
+                return self._shed(
+                    push, lane, Reason.DEADLINE_EXCEEDED, Outcome.TRANSIENT, attempts, last
+                )
+            if push.submitted < self._cut_before:  # it waited for its slot through a cut
+                lane.slots.release()
+                return self._stopped(push, lane, last, attempts)
             started = time.monotonic()
             if lane.gate_until > started:
                 # Closed while this push waited for its slot (a credential-wide 429 to the
@@ -287,20 +305,34 @@ class Dispatcher:
             # its way to a slot leaves the trial to the next one.
             if not lane.breaker.allow(started):  # another push took the trial meanwhile
                 lane.slots.release()
-                return self._shed(push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts)
+                return self._shed(
+                    push, lane, Reason.CIRCUIT_OPEN, Outcome.TRANSIENT, attempts, last
+                )
             crashed = False
             # A request counts from its start (cancelled, it was still made), with no status.
             progress.attempts, progress.status = attempts + 1, None
+            if attempts:
+                # A retry is counted when it is made (after a backoff or an `auth`
+                # refresh), as the receipt's `attempts - 1` counts it: one scheduled and
+                # then shed (deadline, breaker) or stopped is no request.
+                lane.metrics.retries.inc()
             sent_at = time.time()  # what a token-invalid answer is about (`observed_at`)
+            request = asyncio.timeout(None)  # what `cut_after()` ends the request by
+            self._waits.add(request)
             try:
-                attempt = await client.send(push)
+                async with request:
+                    attempt = await client.send(push)
             except asyncio.CancelledError:
                 lane.breaker.abandon()
                 raise
             except Exception as exc:  # a client bug: still a receipt, never retried
+                if request.expired():  # cut: its end is shutting_down, not the client's
+                    lane.breaker.abandon()
+                    return self._stopped(push, lane, None, attempts + 1)
                 attempt = self._client_failed(lane, "send", exc)
                 crashed = True
             finally:
+                self._waits.discard(request)
                 lane.slots.release()
             attempts += 1
             last = progress.status = attempt.status
@@ -320,7 +352,7 @@ class Dispatcher:
                 try:
                     await client.refresh_credentials()
                 except Exception as exc:
-                    failed = self._client_failed(lane, "refresh_credentials", exc)
+                    failed = self._client_failed(lane, "refresh_credentials", exc, last)
                     return self._final(push, lane, failed, attempts)
                 continue
             # throttled or transient: the one retry policy
@@ -334,30 +366,35 @@ class Dispatcher:
             if finished + delay >= deadline:
                 return self._final(push, lane, attempt, attempts)
             retries += 1
-            lane.metrics.retries.inc()
-            if not await self._pause(delay):
+            if not await self._pause(push, delay):
                 return self._stopped(push, lane, last, attempts)
 
-    async def _pause(self, seconds: float) -> bool:
-        """Wait `seconds` (a retry's backoff, a closed gate); False when `drain()` began."""
+    async def _pause(self, push: Push, seconds: float) -> bool:
+        """Wait `seconds` (a retry's backoff, a closed gate); False when `drain()` began
+        or `cut_after()` cut the push."""
         closing = self._closing
-        if closing.is_set():
+        if closing.is_set() or push.submitted < self._cut_before:
             return False
+        wait = asyncio.timeout(seconds)
+        self._waits.add(wait)
         try:
-            async with asyncio.timeout(seconds):
+            async with wait:
                 await closing.wait()
         except TimeoutError:
-            return True
+            return push.submitted >= self._cut_before
+        finally:
+            self._waits.discard(wait)
         return False
 
     async def _stopped(self, push: Push, lane: Lane, status: int | None, attempts: int) -> Receipt:
         """The final receipt of a push that was waiting to retry when shutdown began, or
         whose send was cancelled."""
+        self._stopped_pushes += 1
         stopped = Attempt(Outcome.TRANSIENT, status, Reason.SHUTTING_DOWN)
         return await self._final(push, lane, stopped, attempts)
 
     @staticmethod
-    def _client_failed(lane: Lane, call: str, exc: Exception) -> Attempt:
+    def _client_failed(lane: Lane, call: str, exc: Exception, status: int | None = None) -> Attempt:
         # The kind of error only: a message could quote a token or a payload.
         log.error(
             "app %s: the %s client's %s() raised %s; the push ends transient/%s",
@@ -367,7 +404,7 @@ class Dispatcher:
             type(exc).__name__,
             Reason.CLIENT_ERROR,
         )
-        return Attempt(Outcome.TRANSIENT, reason=Reason.CLIENT_ERROR, detail=_CLIENT_FAILED)
+        return Attempt(Outcome.TRANSIENT, status, Reason.CLIENT_ERROR, detail=_CLIENT_FAILED)
 
     def _retry_delay(self, attempt: Attempt, retries: int) -> float:
         if attempt.retry_after is not None:
@@ -547,12 +584,20 @@ class Dispatcher:
         return tripped
 
     async def _shed(
-        self, push: Push, lane: Lane, reason: str, outcome: Outcome, attempts: int
+        self,
+        push: Push,
+        lane: Lane,
+        reason: str,
+        outcome: Outcome,
+        attempts: int,
+        status: int | None = None,
     ) -> Receipt:
+        """End a push on the gateway's own `reason`; `status` is the HTTP status of its
+        last request when it made any (receipts.md: null only when none was made)."""
         self.metrics.shed.labels(push.plugin, lane.app_id, reason).inc()
         if reason == Reason.CIRCUIT_OPEN:
             lane.failed_fast += 1
-        return await self._final(push, lane, Attempt(outcome, reason=reason), attempts)
+        return await self._final(push, lane, Attempt(outcome, status, reason), attempts)
 
     async def _final(
         self,
@@ -595,6 +640,21 @@ class Dispatcher:
             self.metrics.pushes.labels(
                 push.plugin, "none", "", receipt.outcome.value, reason_label(receipt.reason)
             ).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            # The per-push detail (delivery.md), one line per receipt whichever plugin sent
+            # it: its push id leads to the receipt (`pushgw receipts cat`). No token, and
+            # a provider's reason only as a known label (a proxy's text stays out).
+            log.debug(
+                "push %s (%s, app %s): %s/%s, HTTP %s, %d attempt(s), %.1f ms",
+                receipt.push_id,
+                push.plugin,
+                lane.app_id if lane is not None else "unknown",
+                receipt.outcome.value,
+                reason_label(receipt.reason, "other") or "-",
+                receipt.status,
+                attempts,
+                receipt.latency * 1000,
+            )
         if self.sink is not None:
             await self.sink(push, receipt)
         return receipt
@@ -611,6 +671,33 @@ class Dispatcher:
     def ready(self) -> dict[str, bool]:
         return {f"{ln.plugin}/{ln.app_id}": ln.client.ready() for ln in self._lanes.values()}
 
+    def cut_after(self, seconds: float) -> None:
+        """In `seconds`, end the pushes accepted until then that are still out (in a
+        provider request, waiting to retry, behind a gate or for a slot) as
+        `transient`/`shutting_down`, without cancelling their callers; later pushes are
+        not affected, nor is anything once `drain()` began.
+
+        The application arms this when its shutdown begins: aiohttp waits for the request
+        handlers (`server.shutdown_timeout`) and then cuts them, so that a push out to a
+        provider that does not answer dropped its caller's connection without an answer.
+        Cut here first, the handler answers in its protocol's terms (a retry elsewhere).
+        """
+        if self._cut_timer is None and not self._closing.is_set():
+            self._cut_timer = asyncio.get_running_loop().call_later(seconds, self._cut)
+
+    def _cut(self) -> None:
+        self._cut_before = time.monotonic()
+        if self._in_flight:
+            log.warning(
+                "shutdown: %d push(es) still out after the shutdown timeout; they end "
+                "transient/shutting_down",
+                self._in_flight,
+            )
+        loop_now = asyncio.get_running_loop().time()
+        for wait in list(self._waits):
+            if not wait.expired():  # one expiring already ends by itself
+                wait.reschedule(loop_now)
+
     async def drain(self, timeout: float) -> bool:
         """Refuse new pushes and wait up to `timeout` s for in-flight ones; True if all ended.
 
@@ -619,6 +706,8 @@ class Dispatcher:
         receipts), and so does any push whose attempt fails from now on: nothing waits
         for a retry once draining began.
         """
+        if self._cut_timer is not None:
+            self._cut_timer.cancel()  # the drain's own timeout bounds what is left
         self._closing.set()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
@@ -642,6 +731,14 @@ class Dispatcher:
         )
         await self._wait_for_pushes(timeout)
         await self._wait_for_reports(timeout)
+        if self._stopped_pushes:
+            # The total, whichever way they ended: refused while draining, woken from a
+            # retry wait, cut (`cut_after`) or cancelled with their caller.
+            log.warning(
+                "shutdown: %d accepted push(es) not delivered: they end "
+                "transient/shutting_down (see the receipts)",
+                self._stopped_pushes,
+            )
 
     async def _wait_for_pushes(self, timeout: float) -> None:
         if not self._in_flight:

@@ -125,7 +125,11 @@ class Metrics:
             registry=r,
         )
         self.retries = Counter(
-            "pushgw_push_retries", "Retries scheduled", ["plugin", "provider", "app"], registry=r
+            "pushgw_push_retries",
+            # Counted when made, so that it adds up to the receipts' `attempts - 1`.
+            "Retries made: provider requests after a push's first",
+            ["plugin", "provider", "app"],
+            registry=r,
         )
         self.shed = Counter(
             "pushgw_pushes_shed",

@@ -43,7 +43,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from gateway.api import ApnsOptions, Metrics, Outcome, Push, PushPolicy, Receipt
+from gateway.api import ApnsOptions, Metrics, Outcome, Push, PushPolicy, Reason, Receipt
 from plugins.marmot import crypto_pool
 from plugins.marmot.config import MarmotConfig
 from plugins.marmot.errors import ChunkResult, Dropped, DropReason
@@ -83,6 +83,12 @@ _CONFIG_REASONS = frozenset(
     }
 )
 _DEAD_REASONS = frozenset({"BadDeviceToken", "Unregistered", "ExpiredToken", "UNREGISTERED"})
+# The gateway's own reasons (`deadline_exceeded`, `shutting_down`, ...). A push ending on one
+# after a provider's 403 (an APNs auth answer, refreshed, then not retried in time) keeps
+# that status in its receipt; the 403 is not what ended it, nor a configuration error.
+_GATEWAY_REASONS = frozenset(
+    value for name, value in vars(Reason).items() if name.isupper() and isinstance(value, str)
+)
 #: Bound on how long `stop()` lets the workers finish the events already queued (a full default
 #: queue is ~4 s of inline crypto). Relays send nothing after a restart's live-only REQ, so an
 #: event discarded here is a wake-up lost for good.
@@ -579,7 +585,7 @@ class MarmotService:
         receipt = task.result()
         self.metrics.pushes(platform, receipt.outcome.value).inc()
         reason = receipt.reason or ""
-        if reason in _CONFIG_REASONS or receipt.status == 403:
+        if reason in _CONFIG_REASONS or (receipt.status == 403 and reason not in _GATEWAY_REASONS):
             # A 403's reason is labelled only when known (the provider's, or whatever
             # answered in its place, would otherwise add a series per string), else its status.
             status = str(receipt.status)
