@@ -189,6 +189,9 @@ class InputStats:
     bad: int = 0
     bad_lines: list[BadLine] = field(default_factory=list)  # at most `max_reported`
     bad_files: list[str] = field(default_factory=list)
+    # False when `bad_lines` stops at `max_reported` with more to list. Not `bad >
+    # len(bad_lines)`: a Parquet file's entry stands for all the rows skipped in it.
+    listed_all: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -197,6 +200,7 @@ class InputStats:
             "bad": self.bad,
             "bad_files": list(self.bad_files),
             "bad_lines": [{"file": b.file, "line": b.line, "text": b.text} for b in self.bad_lines],
+            "listed_all": self.listed_all,
         }
 
 

@@ -248,8 +248,12 @@ class Receipts:
         stats.bad = bad + sum(s.rows for s in skipped.values())
         stats.bad_files = sorted({display_path(f) for f in bad_files} | set(skipped))
         found: list[BadLine] = []
+        lines_listed_all = True
         if bad:
-            found = self._locate([f for f in bad_files if not f.endswith(".parquet")])
+            line_files = [f for f in bad_files if not f.endswith(".parquet")]
+            found = self._locate(line_files)
+            # `_locate` finds one more than it lists: then the listing is cut
+            lines_listed_all = not line_files or self.max_reported > 0
         # Parquet rows have no line number: their file is reported, with what was wrong.
         for uri in sorted(reasons, key=display_path):
             text = "(rows skipped: " + "; ".join(sorted(reasons[uri])) + ")"
@@ -257,6 +261,7 @@ class Receipts:
         for shown in sorted(skipped):
             found.append(BadLine(shown, None, f"({skipped[shown].text})"))
         stats.bad_lines = found[: self.max_reported]
+        stats.listed_all = lines_listed_all and len(found) <= self.max_reported
         self._stats = stats
         return stats
 
@@ -284,7 +289,7 @@ class Receipts:
             .filter(bad)
             .select("_file", "_line", F.substring("value", 1, SNIPPET).alias("text"))
             .orderBy("_file", "_line")
-            .limit(self.max_reported)
+            .limit(self.max_reported + 1)  # one more: whether the listing is cut
         )
         with sql_conf(self.spark, {_JSON_PARTIAL_RESULTS: "false"}):
             rows = located.collect()
@@ -515,5 +520,7 @@ def report_bad_input(stats: InputStats, stream: Any = None) -> None:
     for bad in stats.bad_lines:
         where = f"{bad.file}:{bad.line}" if bad.line is not None else bad.file
         print(f"  {where}: {bad.text[:80]!r}", file=stream)
-    if stats.bad > len(stats.bad_lines):
-        print(f"  ... and {stats.bad - len(stats.bad_lines)} more", file=stream)
+    if not stats.listed_all:
+        print(
+            f"  ... and more: {len(stats.bad_lines)} listed (option max_bad_lines)", file=stream
+        )

@@ -288,7 +288,7 @@ def report_html(
         if bad_rows
         else ""
     )
-    if stats.bad > len(bad_rows):  # the listing stops at max_bad_lines (0: none listed)
+    if not stats.listed_all:  # the listing stops at max_bad_lines (0: none listed)
         skipped += (
             f"<p>{_fmt(stats.bad)} skipped in {_fmt(len(stats.bad_files))} files in all; "
             f"{_fmt(len(bad_rows)) if bad_rows else 'none'} listed (option max_bad_lines).</p>"

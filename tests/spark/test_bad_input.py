@@ -8,6 +8,7 @@ lines no writer produces are the writer's own records, edited."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import shutil
@@ -29,7 +30,7 @@ from spark_plugins import (
     synthetic,
     volume_anomalies,
 )
-from spark_plugins.reader import read_receipts
+from spark_plugins.reader import read_receipts, report_bad_input
 from tests.spark import reference
 from tests.spark.conftest import START, receipt
 
@@ -247,12 +248,35 @@ def test_parquet_files_spark_cannot_read_are_skipped_and_reported(
         "zero-bytes.parquet": f"({parquet_files.NOT_PARQUET})",
     }
     assert stats.bad_files == sorted(str(odd / name) for name in texts)
+    assert stats.listed_all  # 22 rows skipped, in 4 entries: nothing left unlisted
+    told = io.StringIO()
+    report_bad_input(stats, told)
+    assert "and more" not in told.getvalue()
 
     # every job runs, and sees the same input
     result = dead_tokens.JOB.run(
         spark, str(receipts), str(tmp_path / "out"), dead_tokens.JOB.resolve_options({})
     )
     assert result.input.as_dict() == stats.as_dict()
+
+
+def test_a_cut_listing_says_so_and_a_whole_one_does_not(spark: Any, tmp_path: Path) -> None:
+    """A Parquet file's entry stands for every row skipped in it: the listing was said
+    to have "... and N more" when it held everything, and a cut one is said to be cut."""
+    receipts = tmp_path / "receipts"
+    synthetic.write_with_receipt_writer(_implausible(), receipts)
+    foreign = receipts / "foreign.parquet"
+    pq.write_table(pa.table({"x": [1, 2, 3]}), foreign)  # another tool's file: 3 rows
+    for most, whole in ((100, True), (9, True), (8, False), (0, False)):
+        source = read_receipts(spark, str(receipts), max_reported=most)
+        source.df.count()  # the pass the counts are observed on
+        stats = source.stats()
+        assert stats.bad == 8 + 3
+        assert stats.listed_all is whole, most
+        told = io.StringIO()
+        report_bad_input(stats, told)
+        cut = f"... and more: {min(most, 9)} listed (option max_bad_lines)"
+        assert (cut in told.getvalue()) is not whole, told.getvalue()
 
 
 def test_spark_side_check_reports_files_no_footer_check_saw(

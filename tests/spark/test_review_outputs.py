@@ -274,14 +274,15 @@ def test_page_of_no_receipts_says_no_success_rate() -> None:
 def test_page_says_when_skipped_lines_are_not_all_listed() -> None:
     """With `max_bad_lines=0` the page said 'none' under "Skipped receipt lines" while
     its first paragraph counted them; a cut listing did not say it was cut."""
-    result = JobResult("delivery-report", input=InputStats(files=3, bad=7, bad_files=["a", "b"]))
+    stats = InputStats(files=3, bad=7, bad_files=["a", "b"], listed_all=False)
+    result = JobResult("delivery-report", input=stats)
     page = render.report_html([], [], result, b"").decode()
     assert "<p>none</p>" not in page
     assert "7 skipped in 2 files in all; none listed (option max_bad_lines)" in page
     result.input.bad_lines = [BadLine("a", 1, "{"), BadLine("b", 4, "[")]
     page = render.report_html([], [], result, b"").decode()
     assert "7 skipped in 2 files in all; 2 listed (option max_bad_lines)" in page
-    result.input.bad = 2
+    result.input.bad, result.input.listed_all = 2, True
     page = render.report_html([], [], result, b"").decode()
     assert "listed (option" not in page and page.count("<tr><td>") == 2
 
