@@ -284,14 +284,21 @@ async def _thaw_startup_objects(app: web.Application) -> None:
     thaw_gc()
 
 
+# Time left, before aiohttp cuts the request handlers, for them to write the answers of
+# the pushes cut (at most half of `server.shutdown_timeout`). Cut at the same moment, a
+# handler finishing raced aiohttp's own timeout, which then logged InvalidStateError.
+ANSWER_MARGIN = 1.0
+
+
 async def _cut_pushes_at_shutdown_timeout(app: web.Application) -> None:
     """Shutdown begins (the server no longer listens): aiohttp now waits
     `server.shutdown_timeout` for the request handlers, then cuts them and drops their
-    connections unanswered. The pushes they still wait for end first (`cut_after`), so
-    that each caller gets its protocol's answer."""
+    connections unanswered. The pushes they still wait for end shortly before
+    (`cut_after`), so that each caller gets its protocol's answer."""
     gateway = app[GATEWAY]
     if gateway.runtime.dispatcher is not None:
-        gateway.runtime.dispatcher.cut_after(gateway.settings.server.shutdown_timeout)
+        timeout = gateway.settings.server.shutdown_timeout
+        gateway.runtime.dispatcher.cut_after(max(timeout - ANSWER_MARGIN, timeout / 2))
 
 
 async def _delivery_ctx(app: web.Application) -> AsyncIterator[None]:
