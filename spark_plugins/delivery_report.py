@@ -20,13 +20,13 @@ Outputs (in `--out`):
 - `chart.png` (volume, success rate, latency percentiles over time) and `index.html`, a
   self-contained page (the chart is embedded) with the totals and the input report.
 
-Percentiles (option `percentiles`): `sketch` (default, Spark 4.1+) aggregates the input
+Percentiles (option `percentiles`): `sketch` (default, Spark 4.1.2+) aggregates the input
 once at the finest grain (hour, plugin, provider, app, status, reason) with a KLL
 quantile sketch of latencies (`kll_sketch_agg_double`, size `sketch_k`, default 1000);
 the summary and hourly tables merge those sketches, so the input is read and grouped
 once. A sketch holding at most k values is exact (nearest rank: the smallest value whose
 rank reaches q*n); beyond, the rank error is about 1.65% at k=200 and 0.3% at k=1000.
-On Spark < 4.1 `sketch` falls back to `approx`.
+On Spark < 4.1.2 `sketch` falls back to `approx`.
 `exact` is Spark's `percentile`, linear
 interpolation between the two closest ranks, the same definition as numpy's default
 (`method="linear"`): for n sorted values the q-quantile is at 0-based rank q*(n-1).
@@ -176,10 +176,12 @@ def _finish(df: DataFrame, keys: list[str]) -> DataFrame:
 
 
 def has_sketches() -> bool:
-    """Whether this Spark has the KLL quantile sketches (Spark 4.1+)."""
+    """Whether this Spark has the KLL quantile sketch functions the job uses (Spark
+    4.1.2+: 4.1.0 and 4.1.1 have `kll_sketch_agg_double` but no `kll_merge_agg_double`)."""
     from pyspark.sql import functions as F
 
-    return hasattr(F, "kll_sketch_agg_double")
+    used = ("kll_sketch_agg_double", "kll_merge_agg_double", "kll_sketch_get_quantile_double")
+    return all(hasattr(F, name) for name in used)
 
 
 def fine_rows(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
@@ -244,7 +246,7 @@ def build_tables(receipts: DataFrame, options: Mapping[str, Any]) -> dict[str, D
     if options["percentiles"] == "sketch":
         if has_sketches():
             return tables_from_fine(fine_rows(receipts, options))
-        options = {**options, "percentiles": "approx"}  # Spark < 4.1
+        options = {**options, "percentiles": "approx"}  # Spark < 4.1.2
 
     rows = receipts.select(
         hour_col(F.col("ts")).alias("hour"),

@@ -18,13 +18,15 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
-    ModelWrapValidatorHandler,
     PrivateAttr,
     SerializationInfo,
     SerializerFunctionWrapHandler,
     model_serializer,
     model_validator,
 )
+
+# pydantic exports the handler at its top level only from 2.11; pyproject allows 2.7
+from pydantic.functional_validators import ModelWrapValidatorHandler
 
 from gateway.config.errors import _key_error
 

@@ -73,8 +73,12 @@ def _joined(text: str, path: list[str]) -> str:
     try:
         return text.encode("utf-16", "surrogatepass").decode("utf-16")
     except UnicodeDecodeError:
-        # A key may be the culprit: escaped, so that the message itself can be printed.
-        where = ".".join(path).encode("utf-8", "backslashreplace").decode() or "the document"
+        # A key may be the culprit: escaped, so that the message can be printed and stays
+        # one line (the key may also hold a newline or another control character).
+        where = ".".join(path)
+        if not where.isprintable():
+            where = where.encode("unicode_escape").decode("ascii")
+        where = where or "the document"
         raise ValueError(
             f"{where}: a lone UTF-16 surrogate escape (\\udXXX) is no character; "
             "write the character itself or its \\UXXXXXXXX escape"
