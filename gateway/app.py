@@ -157,18 +157,40 @@ def load_gateway(
     )
     contexts: dict[str, PluginContext] = {}
     apps: dict[tuple[str, str], AppConfig] = {}
+    # Every plugin's problems, and the credentials of every app that validated, are
+    # reported together: one run of `check-config` lists all that a start would refuse,
+    # not one plugin's, fixed, then the next plugin's or the credentials behind them.
+    errors: list[ConfigError] = []
     for name in registry.names:
-        model = registry.call(name, "pushgw_config_model")
-        section = validate_plugin_section(settings, name, model, source) if model else None
-        if model is None and settings.plugins.section(name):
-            raise config_error(
-                [(("plugins", name), "this plugin takes no configuration")], source, origins
-            )
-        contexts[name] = context = PluginContext(name, section, runtime)
-        for app_id, app in _plugin_apps(registry, name, context).items():
-            apps[(name, app_id)] = app
-    check_credentials(apps, source, settings)
+        try:
+            model = registry.call(name, "pushgw_config_model")
+            section = validate_plugin_section(settings, name, model, source) if model else None
+            if model is None and settings.plugins.section(name):
+                raise config_error(
+                    [(("plugins", name), "this plugin takes no configuration")], source, origins
+                )
+            contexts[name] = context = PluginContext(name, section, runtime)
+            for app_id, app in _plugin_apps(registry, name, context).items():
+                apps[(name, app_id)] = app
+        except ConfigError as exc:
+            errors.append(exc)
+    try:
+        check_credentials(apps, source, settings)
+    except ConfigError as exc:
+        errors.append(exc)
+    if errors:
+        raise _joined_errors(errors)
     return LoadedGateway(settings, registry, runtime, contexts, apps, source, client_factory)
+
+
+def _joined_errors(errors: list[ConfigError]) -> ConfigError:
+    """One ConfigError of several, each line as it was (its source kept when shared)."""
+    if len(errors) == 1:
+        return errors[0]
+    sources = {error.source for error in errors}
+    if len(sources) == 1:
+        return ConfigError([p for error in errors for p in error.problems], sources.pop())
+    return ConfigError(line for error in errors for line in str(error).splitlines())
 
 
 def _plugin_apps(registry: PluginRegistry, name: str, context: PluginContext) -> Mapping[str, Any]:
@@ -345,8 +367,15 @@ class running_core:
         dispatcher = Dispatcher(
             settings.delivery, gw.runtime.metrics, gw.invalidation, gw.runtime.hasher, sink
         )
-        for (plugin, app_id), app_config in gw.apps.items():
-            dispatcher.add_app(plugin, app_id, gw.client_factory(app_id, app_config, settings))
+        clients = {
+            key: gw.client_factory(key[1], app_config, settings)
+            for key, app_config in gw.apps.items()
+        }
+        from gateway.core.apns import share_provider_tokens  # imported when a start needs it
+
+        share_provider_tokens(clients.values())
+        for (plugin, app_id), client in clients.items():
+            dispatcher.add_app(plugin, app_id, client)
         await dispatcher.start()
         gw.runtime.dispatcher = dispatcher
         gw.runtime.receipts = self.writer

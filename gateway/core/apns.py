@@ -36,7 +36,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,11 @@ from aioapns.connection import (
 from aioapns.exceptions import ConnectionClosed
 from aioapns.exceptions import ConnectionError as ApnsConnectionError
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_private_key,
+)
 from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
@@ -126,6 +130,13 @@ class _ProviderToken(AuthorizationHeaderProvider):
         self._key = key
         self._key_id = key_id
         self._team_id = team_id
+        # What the token stands for: apps that sign with the same key for the same team
+        # share one token (`share_provider_tokens`), whichever file holds the key.
+        self.identity: tuple[bytes, str, str] = (
+            key.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo),
+            key_id,
+            team_id,
+        )
         self._clock = clock
         self.generation = 0
         self.issued_at = 0.0
@@ -164,6 +175,21 @@ class _ProviderToken(AuthorizationHeaderProvider):
             self._sign()
             return True
         return False
+
+
+def share_provider_tokens(clients: Iterable[object]) -> None:
+    """Give the APNs clients (not yet started) whose apps sign with the same key for the
+    same team one provider token between them.
+
+    specs/providers.md §2.3: one JWT per (key, team) for all connections. A team key
+    serves every app of the team, production and sandbox alike; a token signed per app
+    multiplied the signatures APNs sees for the key (`TooManyProviderTokenUpdates`), and
+    a re-sign forced by `ExpiredProviderToken` on one app left the others' tokens old.
+    """
+    tokens: dict[tuple[bytes, str, str], _ProviderToken] = {}
+    for client in clients:
+        if isinstance(client, ApnsClient) and client._auth is not None:
+            client._auth = tokens.setdefault(client._auth.identity, client._auth)
 
 
 # --- HTTP/2 protocol ----------------------------------------------------------------------

@@ -93,6 +93,25 @@ class MatrixAppConfig(ConfigModel):
         # `push_type: ""` no push type (a templated config leaves them empty).
         return None if value == "" else value
 
+    _core: CoreApp | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _translate(self) -> MatrixAppConfig:
+        # Here, per app, rather than in `MatrixConfig`: each app's problem is then its own
+        # line under its own key path, and a config of hundreds of apps reports them all
+        # one per line, not joined into one.
+        try:
+            self._core = core_app_config(self)
+        except ValueError as exc:
+            raise ValueError(_message(exc)) from None
+        return self
+
+    @property
+    def core(self) -> CoreApp:
+        """The app as the core's provider config (made when the app was validated)."""
+        assert self._core is not None
+        return self._core
+
     @property
     def is_apns(self) -> bool:
         return self.type == "apns"
@@ -126,7 +145,7 @@ def _host_port(endpoint: str) -> tuple[str, int]:
     return parts.hostname, parts.port or 443
 
 
-def _apns(name: str, app: MatrixAppConfig) -> ApnsAppConfig:
+def _apns(app: MatrixAppConfig) -> ApnsAppConfig:
     if app.platform is not None and app.platform not in PLATFORMS:
         raise ValueError(f"platform: invalid platform {app.platform!r} (production or sandbox)")
     environment = app.environment or PLATFORMS.get(app.platform or "production", "production")
@@ -163,7 +182,7 @@ def _apns(name: str, app: MatrixAppConfig) -> ApnsAppConfig:
     return ApnsAppConfig.model_validate(data)
 
 
-def _fcm(name: str, app: MatrixAppConfig) -> FcmAppConfig:
+def _fcm(app: MatrixAppConfig) -> FcmAppConfig:
     version = app.api_version
     if version is None:
         version = "v1" if app.project_id and app.service_account_file else "legacy"
@@ -199,9 +218,9 @@ def _fcm(name: str, app: MatrixAppConfig) -> FcmAppConfig:
     return FcmAppConfig.model_validate(data)
 
 
-def core_app_config(name: str, app: MatrixAppConfig) -> CoreApp:
+def core_app_config(app: MatrixAppConfig) -> CoreApp:
     """Translate one app into the core's provider config; raise ValueError naming the key."""
-    return _apns(name, app) if app.is_apns else _fcm(name, app)
+    return _apns(app) if app.is_apns else _fcm(app)
 
 
 class MatrixConfig(ConfigModel):
@@ -216,20 +235,11 @@ class MatrixConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _translate(self) -> MatrixConfig:
-        core: dict[str, CoreApp] = {}
-        problems = []
         if not self.apps:
             # Every pushkey would be rejected, and Synapse deletes a rejected pusher:
             # a start-up error instead (spec §1.2), as Sygnal refuses to start.
-            problems.append("apps: no app IDs are configured; define at least one app")
-        for name, app in self.apps.items():
-            try:
-                core[name] = core_app_config(name, app)
-            except ValueError as exc:
-                problems.append(f"apps.{name}: {_message(exc)}")
-        if problems:
-            raise ValueError("; ".join(problems))
-        self._core = core
+            raise ValueError("apps: no app IDs are configured; define at least one app")
+        self._core = {name: app.core for name, app in self.apps.items()}
         self._warn_if_answer_can_outlast_homeserver()
         return self
 
