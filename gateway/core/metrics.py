@@ -133,7 +133,8 @@ class Metrics:
         )
         self.shed = Counter(
             "pushgw_pushes_shed",
-            "Pushes dropped before an attempt (deadline passed, queue full, circuit open)",
+            "Pushes the gateway ended without a further attempt (deadline passed, queue full, "
+            "circuit open, gate closed)",
             ["plugin", "app", "reason"],
             registry=r,
         )
