@@ -117,6 +117,7 @@ def _serve(
         try:
             held = _hold_metrics_port(loaded)
             socks = listen(host, port, reuse_port=False)
+            _check_receipts_directory(loaded)
             _prepare_database(loaded)
             _without_auto_upgrade(loaded)  # done above, where its failure is one line
             _run_loaded(loaded, socks, held)
@@ -126,8 +127,17 @@ def _serve(
         return 0
     for sock in listen(host, port, reuse_port=False):
         sock.close()  # checked once here; each worker binds its own (SO_REUSEPORT)
+    _check_receipts_directory(loaded)
     _prepare_database(loaded)
-    metrics_dir = tempfile.mkdtemp(prefix="pushgw-metrics-")
+    try:
+        metrics_dir = tempfile.mkdtemp(prefix="pushgw-metrics-")
+    except OSError as exc:
+        # A read-only root file system with no writable temporary directory mounted:
+        # one line, not a traceback out of `tempfile`.
+        raise ServeError(
+            f"{workers} workers need a writable temporary directory for their metrics "
+            f"(mount one, or set TMPDIR to one): {os_reason(exc)}"
+        ) from None
     os.environ[MULTIPROC_ENV] = metrics_dir
     ctx = multiprocessing.get_context("spawn")
     procs = [
@@ -565,6 +575,20 @@ def _stop_simulators(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _check_receipts_directory(loaded: LoadedGateway) -> None:
+    """`receipts.directory`: made when missing and written into before the gateway
+    starts, else ServeError naming it. Found only at the first receipt, a directory that
+    cannot be written (a read-only root file system, another user's) let the gateway
+    report ready while every receipt it accepted waited in memory, to be lost at exit."""
+    receipts = loaded.settings.receipts
+    if not receipts.enabled:
+        return
+    try:
+        check_state_dir(receipts.directory)
+    except PreflightError as exc:
+        raise ServeError(f"receipts.directory {receipts.directory}: {exc}") from None
 
 
 def _check_state_dir(state_dir: Path) -> None:
