@@ -521,6 +521,4 @@ def report_bad_input(stats: InputStats, stream: Any = None) -> None:
         where = f"{bad.file}:{bad.line}" if bad.line is not None else bad.file
         print(f"  {where}: {bad.text[:80]!r}", file=stream)
     if not stats.listed_all:
-        print(
-            f"  ... and more: {len(stats.bad_lines)} listed (option max_bad_lines)", file=stream
-        )
+        print(f"  ... and more: {len(stats.bad_lines)} listed (option max_bad_lines)", file=stream)
