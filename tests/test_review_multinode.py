@@ -149,7 +149,7 @@ async def test_nodes_migrating_at_once_both_start(
         } <= await tables(store)
         async with store.engine.connect() as conn:
             heads = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars()
-            assert sorted(heads) == ["sample_0001", "zulip_0003"]  # core_0001: their base
+            assert sorted(heads) == ["sample_0001", "zulip_0004"]  # core_0001: their base
     finally:
         await store.close()
         await monitor_store.close()
@@ -239,7 +239,7 @@ async def test_a_node_that_does_not_migrate_refuses_a_database_not_at_head(
         if proc.poll() is None:
             proc.terminate()
             proc.communicate(timeout=WAIT)
-    pending = "sample_0001, zulip_0001, zulip_0002, zulip_0003"
+    pending = "sample_0001, zulip_0001, zulip_0002, zulip_0003, zulip_0004"
     if start == "empty":
         pending = f"core_0001, {pending}"
     assert err.endswith(

@@ -29,7 +29,7 @@ from plugins.zulip.tables import e2ee_devices, legacy_devices, realms, servers
 from plugins.zulip.tables import metadata as zulip_metadata
 
 ZULIP = pushgw_migrations()
-ZULIP_HEAD = "zulip_0003"
+ZULIP_HEAD = "zulip_0004"
 DEVICE_TABLES = ("zulip_e2ee_devices", "zulip_legacy_devices", "pushgw_invalid_tokens")
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
@@ -500,8 +500,8 @@ async def test_db_upgrade_from_an_earlier_revision_and_refusals(
     result = await asyncio.to_thread(pushgw, checked, "zulip", "servers")
     assert result.returncode == 1, result
     assert result.stderr.endswith(
-        "not migrated (zulip_0002, zulip_0003 pending) and store.auto_upgrade is false: "
-        "run `pushgw db upgrade`\n"
+        "not migrated (zulip_0002, zulip_0003, zulip_0004 pending) and "
+        "store.auto_upgrade is false: run `pushgw db upgrade`\n"
     ), result.stderr
 
     result = await asyncio.to_thread(pushgw, config("up.yaml"), "db", "upgrade")

@@ -59,6 +59,8 @@ servers = Table(
     Column("last_realm_count_id", BigInteger, nullable=False, default=0, server_default="0"),
     Column("last_installation_count_id", BigInteger, nullable=False, default=0, server_default="0"),
     Column("last_realmauditlog_id", BigInteger, nullable=False, default=0, server_default="0"),
+    Index("ix_zulip_servers_hostname", "hostname"),  # registration (zulip_0004)
+    Index("ix_zulip_servers_deactivated_at", "deactivated_at"),  # gc (zulip_0004)
 )
 
 realms = Table(
@@ -81,6 +83,8 @@ realms = Table(
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("last_request_at", DateTime(timezone=True), nullable=True),
     Index("ix_zulip_realms_server_id", "server_id"),
+    Index("ix_zulip_realms_locally_deleted_at", "locally_deleted_at"),  # gc (zulip_0004)
+    Index("ix_zulip_realms_deactivated_at", "deactivated_at"),  # gc (zulip_0004)
 )
 
 e2ee_devices = Table(
