@@ -20,16 +20,22 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import event, inspect, select, text
+from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.core.store import Store, alembic_config, sqlite_migration_lock
 from plugins.zulip import gc, repo
 from plugins.zulip.plugin import pushgw_migrations
-from plugins.zulip.tables import realms, servers
+from plugins.zulip.tables import e2ee_devices, legacy_devices, realms, servers
 
 ZULIP = pushgw_migrations()
-TABLES = ("zulip_servers", "zulip_realms", "zulip_e2ee_devices", "zulip_legacy_devices")
+TABLES = (
+    "zulip_servers",
+    "zulip_realms",
+    "zulip_e2ee_devices",
+    "zulip_legacy_devices",
+    "pushgw_invalid_tokens",
+)
 SERVERS, REALMS_PER_SERVER, DEVICES = 5_000, 10, 200_000
 
 
@@ -125,15 +131,34 @@ async def _paths(conn: AsyncConnection) -> None:
             await repo.legacy_user_devices(
                 conn, server_id=server_id, user_id=user_id, user_uuid=user_uuid
             )
+            await repo.legacy_unregister(
+                conn,
+                server_id=server_id,
+                user_id=user_id,
+                user_uuid=user_uuid,
+                kind=2,
+                token="t",
+                apns=False,
+            )
             await repo.legacy_unregister_all(
                 conn, server_id=server_id, user_id=user_id, user_uuid=user_uuid
             )
+    await repo.attach_legacy_realm(conn, [1, 2], realm.id)
     # the token-invalid hook (`pushgw tokens retire`: by hash; a provider's answer: by token)
     await repo.e2ee_by_token_hash(conn, "ab" * 32)
     await repo.legacy_by_token_hash(conn, "ab" * 32)
     await repo.expire_e2ee_by_token(conn, "tok", True, "org.example.zulip", repo.now_utc())
     await repo.delete_legacy_token(conn, kind=1, token="tok", apns=True, before=repo.now_utc())
+    await repo.delete_legacy_token(conn, kind=2, token="t", apns=False, server_id=server.id)
+    await repo.expire_e2ee_by_id(conn, 9)
     await repo.collect_garbage(conn, repo.now_utc() - timedelta(days=30))
+    # a realm's registrations counted (`pushgw zulip servers`), and the foreign keys' own
+    # lookups when a realm goes (CASCADE / SET NULL)
+    for table in (e2ee_devices, legacy_devices):
+        await conn.execute(
+            select(func.count()).select_from(table).where(table.c.realm_id == realm.id)
+        )
+    await conn.execute(text("DELETE FROM zulip_realms WHERE id = :id"), {"id": realm.id})
 
 
 def _capture(store: Store, into: list[tuple[str, Any]]) -> Any:

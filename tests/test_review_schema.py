@@ -18,19 +18,18 @@ import yaml
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import MetaData, event, func, inspect, select, text
+from sqlalchemy import MetaData, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.core.store import Store, alembic_config, sqlite_migration_lock
 from gateway.core.store import metadata as core_metadata
 from plugins.zulip import repo
 from plugins.zulip.plugin import pushgw_migrations
-from plugins.zulip.tables import e2ee_devices, legacy_devices, realms, servers
+from plugins.zulip.tables import e2ee_devices, legacy_devices
 from plugins.zulip.tables import metadata as zulip_metadata
 
 ZULIP = pushgw_migrations()
 ZULIP_HEAD = "zulip_0004"
-DEVICE_TABLES = ("zulip_e2ee_devices", "zulip_legacy_devices", "pushgw_invalid_tokens")
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
 
@@ -213,188 +212,8 @@ async def test_gc_columns_are_indexed(store: Store) -> None:
     assert ("zulip_legacy_devices", ("realm_id",)) in found
 
 
-async def _populate(conn: AsyncConnection, devices: int) -> None:
-    await conn.execute(
-        text(
-            "INSERT INTO zulip_servers (uuid, key_hash, hostname, contact_email, created_at,"
-            " deactivated_at) SELECT gen_random_uuid()::text, md5(g::text), 'h' || g, 'x@y',"
-            " now(), CASE WHEN g % 100 = 0 THEN now() - interval '100 days' END"
-            " FROM generate_series(1, 200) g"
-        )
-    )
-    await conn.execute(
-        text(
-            "INSERT INTO zulip_realms (server_id, uuid, created_at, locally_deleted_at)"
-            " SELECT s.id, gen_random_uuid()::text, now(),"
-            " CASE WHEN r = 10 THEN now() - interval '100 days' END"
-            " FROM zulip_servers s, generate_series(1, 10) r"
-        )
-    )
-    await conn.execute(
-        text(
-            "INSERT INTO zulip_e2ee_devices (realm_id, token_id, token, token_kind, token_hash,"
-            " token_key, created_at, expired_at)"
-            " SELECT g % 2000 + 1, g, md5(g::text), 'fcm', md5('h' || g) || md5('H' || g),"
-            " md5('k' || g) || md5('K' || g), now(),"
-            " CASE WHEN g % 500 = 0 THEN now() - interval '100 days' END"
-            " FROM generate_series(1, :n) g"
-        ),
-        {"n": devices},
-    )
-    await conn.execute(
-        text(
-            "INSERT INTO zulip_legacy_devices (server_id, realm_id, user_id, user_uuid, kind,"
-            " token, token_key, token_hash, created_at)"
-            " SELECT g % 200 + 1, CASE WHEN g % 3 > 0 THEN g % 2000 + 1 END, g,"
-            " CASE WHEN g % 2 = 0 THEN md5('u' || g) END, 2, md5(g::text),"
-            " md5('lk' || g) || md5('LK' || g), md5('lh' || g) || md5('LH' || g), now()"
-            " FROM generate_series(1, :n) g"
-        ),
-        {"n": devices},
-    )
-    await conn.execute(
-        text(
-            "INSERT INTO pushgw_invalid_tokens SELECT 'zulip', 'app',"
-            " md5('i' || g) || md5(g::text), 'fcm', 'UNREGISTERED', now()"
-            " FROM generate_series(1, :n) g"
-        ),
-        {"n": devices},
-    )
-    await conn.execute(text("ANALYZE"))
-
-
-async def _hot_paths(conn: AsyncConnection) -> None:
-    """Every statement of the zulip repository that finds rows in a device table."""
-    server = (await conn.execute(select(servers).where(servers.c.id == 5))).one()
-    realm = (await conn.execute(select(realms).where(realms.c.id == 7))).one()
-    await repo.get_server(conn, server.uuid)
-    await repo.get_realm(conn, realm.uuid)
-    await repo.upsert_realms(conn, server.id, [], complete=False)
-    await repo.register_e2ee(
-        conn,
-        realm_id=realm.id,
-        token_id=3,
-        token="t",
-        token_kind="fcm",
-        ios_app_id=None,
-        token_hash="x" * 64,
-    )
-    await repo.active_e2ee_devices(conn, realm.id, [1, 2, 3])
-    await repo.expire_e2ee_by_id(conn, 9)
-    await repo.expire_e2ee_by_token(conn, "tok", False)
-    await repo.e2ee_by_token_hash(conn, "ab" * 32)
-    await repo.legacy_by_token_hash(conn, "ab" * 32)
-    for user_id, user_uuid in ((55, None), (55, "u"), (None, "u")):
-        await repo.legacy_register(
-            conn,
-            server_id=server.id,
-            user_id=user_id,
-            user_uuid=user_uuid,
-            realm_id=None,
-            kind=2,
-            token="t",
-            token_hash="x" * 64,
-            ios_app_id=None,
-            apns=False,
-        )
-        await repo.legacy_user_devices(
-            conn, server_id=server.id, user_id=user_id, user_uuid=user_uuid
-        )
-        await repo.legacy_unregister(
-            conn,
-            server_id=server.id,
-            user_id=user_id,
-            user_uuid=user_uuid,
-            kind=2,
-            token="t",
-            apns=False,
-        )
-        await repo.legacy_unregister_all(
-            conn, server_id=server.id, user_id=user_id, user_uuid=user_uuid
-        )
-    await repo.attach_legacy_realm(conn, [1, 2], realm.id)
-    await repo.delete_legacy_token(conn, kind=2, token="t", apns=False)
-    await repo.delete_legacy_token(conn, kind=2, token="t", apns=False, server_id=server.id)
-    await repo.collect_garbage(conn, repo.now_utc() - timedelta(days=30))
-    await conn.execute(
-        select(func.count()).select_from(e2ee_devices).where(e2ee_devices.c.realm_id == realm.id)
-    )
-    await conn.execute(
-        select(func.count())
-        .select_from(legacy_devices)
-        .where(legacy_devices.c.realm_id == realm.id)
-    )
-    # the foreign keys' own lookups when a realm goes (CASCADE / SET NULL)
-    await conn.execute(text("DELETE FROM zulip_realms WHERE id = :id"), {"id": realm.id})
-
-
-async def test_hot_paths_use_indexes_on_postgresql(postgres_url: str) -> None:
-    """EXPLAIN every statement the repository runs against a device table (tens of
-    thousands of rows, analyzed): none reads a device table sequentially. Sequential
-    scans are made the planner's last resort, so one shows only where no index fits."""
-    s = Store(postgres_url)
-    try:
-        await s.upgrade([ZULIP])
-        async with s.engine.begin() as conn:
-            await _populate(conn, 30_000)
-        captured: list[tuple[str, Any]] = []
-
-        def capture(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, many: bool) -> None:
-            if statement.lstrip().split(None, 1)[0].upper() in ("SELECT", "UPDATE", "DELETE"):
-                captured.append((statement, params[0] if many and params else params))
-
-        event.listen(s.engine.sync_engine, "before_cursor_execute", capture)
-        try:
-            async with s.engine.connect() as conn:
-                transaction = await conn.begin()
-                await _hot_paths(conn)
-                await transaction.rollback()
-        finally:
-            event.remove(s.engine.sync_engine, "before_cursor_execute", capture)
-        assert len(captured) > 20
-        scans = []
-        async with s.engine.connect() as conn:
-            raw = (await conn.get_raw_connection()).driver_connection
-            assert raw is not None
-            await raw.execute("SET enable_seqscan = off")
-            for statement, params in captured:
-                plan = "\n".join(r[0] for r in await raw.fetch("EXPLAIN " + statement, *params))
-                scans += [
-                    f"{' '.join(statement.split())[:120]}\n{plan}"
-                    for table in DEVICE_TABLES
-                    if f"Seq Scan on {table}" in plan
-                ]
-        assert scans == []
-    finally:
-        await s.close()
-
-
-async def test_hot_paths_use_indexes_on_sqlite(tmp_path: Path) -> None:
-    """SQLite's planner: the gc deletes search by index, not `SCAN` the device tables."""
-    s = Store(f"sqlite+aiosqlite:///{tmp_path / 'plan.db'}")
-    try:
-        await s.upgrade([ZULIP])
-        cutoff = repo.now_utc()
-        gone = select(realms.c.id).where(realms.c.locally_deleted_at < cutoff)
-        statements = [
-            e2ee_devices.delete().where(
-                e2ee_devices.c.expired_at.is_not(None), e2ee_devices.c.expired_at < cutoff
-            ),
-            legacy_devices.delete().where(legacy_devices.c.realm_id.in_(gone)),
-            select(legacy_devices.c.token).where(legacy_devices.c.token_hash == "x"),
-            select(e2ee_devices.c.token).where(e2ee_devices.c.token_hash == "x"),
-        ]
-        async with s.engine.connect() as conn:
-            for stmt in statements:
-                compiled = stmt.compile(conn.sync_engine, compile_kwargs={"literal_binds": True})
-                plan = (await conn.execute(text(f"EXPLAIN QUERY PLAN {compiled}"))).all()
-                details = [str(r[-1]) for r in plan]
-                assert not any(
-                    d.startswith("SCAN zulip_e2ee_devices") or d.startswith("SCAN zulip_legacy")
-                    for d in details
-                ), (str(compiled), details)
-    finally:
-        await s.close()
+# The device tables' hot paths use indexes: tests/test_review_dba_indexes.py, on all the
+# zulip tables at a large bouncer's size.
 
 
 # --- types on both dialects ------------------------------------------------------------
