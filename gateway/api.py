@@ -15,6 +15,8 @@ from gateway.config import (
     ConfigModel,
     ExistingFile,
     FcmAppConfig,
+    HomePath,
+    expand_home,
     yaml_document,
 )
 from gateway.context import CommandContext, PluginContext, Service
@@ -49,6 +51,7 @@ __all__ = [
     "Dispatcher",
     "ExistingFile",
     "FcmAppConfig",
+    "HomePath",
     "InvalidToken",
     "Metrics",
     "Outcome",
@@ -61,6 +64,7 @@ __all__ = [
     "RepeatedLines",
     "Service",
     "Store",
+    "expand_home",
     "fcm_data_size_bound",
     "hookimpl",
     "yaml_document",

@@ -47,7 +47,7 @@ from gateway.core.providers import ProviderClient
 from gateway.core.push import InvalidToken, Push, Receipt
 from gateway.core.receipts import ReceiptWriter
 from gateway.core.store import Store
-from gateway.core.tokens import TokenInvalidation
+from gateway.core.tokens import TokenInvalidation, sweep_invalid_tokens_forever
 from gateway.logs import request_id, route_pattern
 from gateway.loops import thaw_gc, tune_gc
 from gateway.plugins import PluginRegistry
@@ -341,6 +341,7 @@ class running_core:
         self.migrate = gateway.settings.store.auto_upgrade if migrate is None else migrate
         self.writer: ReceiptWriter | None = None
         self.flusher: asyncio.Task[None] | None = None
+        self.sweeper: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LoadedGateway:
         gw = self.gateway
@@ -380,6 +381,10 @@ class running_core:
         gw.runtime.dispatcher = dispatcher
         gw.runtime.receipts = self.writer
         self.flusher = asyncio.create_task(_flush_metrics(gw.runtime.metrics), name="metrics")
+        self.sweeper = asyncio.create_task(
+            sweep_invalid_tokens_forever(store, settings.store.invalid_tokens_retention),
+            name="invalid-tokens-sweep",
+        )
         return gw
 
     async def __aexit__(self, *exc: object) -> None:
@@ -388,11 +393,12 @@ class running_core:
         if dispatcher is not None:
             await dispatcher.drain(gw.settings.server.shutdown_timeout)
             await dispatcher.close()
-        if self.flusher is not None:
-            self.flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.flusher
-            self.flusher = None
+        for task in (self.flusher, self.sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self.flusher = self.sweeper = None
         gw.runtime.metrics.flush()
         if self.writer is not None:
             await self.writer.close()

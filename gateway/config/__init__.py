@@ -21,7 +21,7 @@ The package, each module importing only from those above it in this list:
 - `proxy`: the proxy of the provider clients (`delivery.proxy`, else `HTTPS_PROXY`) and
   `proxy_problem`, which `Settings` and `load_settings` check it with.
 - `base`: `ConfigModel` (the base of every section model, `X_file` secrets) and the
-  `ExistingFile` / `TrustStore` path types.
+  `ExistingFile` / `TrustStore` / `HomePath` path types (`~` expanded: `expand_home`).
 - `apps`: the provider apps (`ApnsAppConfig`, `FcmAppConfig`) and their credential
   loaders (`CredentialError`).
 - `sections`: the core sections and `Settings`, the model of the whole file.
@@ -40,7 +40,14 @@ from gateway.config.apps import (
     FcmAppConfig,
     ServiceAccount,
 )
-from gateway.config.base import ConfigModel, ExistingFile, TrustStore, read_secret_file
+from gateway.config.base import (
+    ConfigModel,
+    ExistingFile,
+    HomePath,
+    TrustStore,
+    expand_home,
+    read_secret_file,
+)
 from gateway.config.env import ENV_PREFIX, EnvOverrides, environment_overrides
 from gateway.config.errors import ConfigError, Problem, bad_hook_result, config_error
 from gateway.config.loading import (
@@ -83,6 +90,7 @@ __all__ = [
     "EventLoop",
     "ExistingFile",
     "FcmAppConfig",
+    "HomePath",
     "LoggingConfig",
     "Origins",
     "PluginsSection",
@@ -98,6 +106,7 @@ __all__ = [
     "config_error",
     "config_path",
     "environment_overrides",
+    "expand_home",
     "load_settings",
     "mask_url",
     "masked",

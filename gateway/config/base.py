@@ -1,7 +1,8 @@
 """The base of every config model (`ConfigModel`) and the file-path field types.
 
 `ConfigModel` forbids unknown keys and fills a secret `X` from a key `X_file`
-(`read_secret_file`); `ExistingFile` and `TrustStore` check a path at start-up.
+(`read_secret_file`); `ExistingFile` and `TrustStore` check a path at start-up; in every
+path, `HomePath` included, `~` is the home directory (`expand_home`).
 Core sections, provider apps and plugins' sections all build on these.
 """
 
@@ -56,8 +57,27 @@ def _file_problem(path: Path) -> str | None:
     return f"not a regular file ({kind})"
 
 
+def expand_home(value: str | os.PathLike[str]) -> Path:
+    """`value` with a leading `~` or `~user` made that home directory, as in a shell.
+
+    Every path option goes through this, so that `~` means the same everywhere. Raises
+    ValueError (not pathlib's RuntimeError, which would be a traceback) for a `~user`
+    that names no user, or a `~` with no home directory: kept literal, it would make a
+    directory named `~` in the working directory."""
+    expanded = os.path.expanduser(os.fspath(value))
+    if expanded.startswith("~"):
+        head = expanded.split(os.sep, 1)[0]
+        raise ValueError(f"cannot expand {head}: no such user or home directory")
+    return Path(expanded)
+
+
+HomePath = Annotated[Path, AfterValidator(expand_home)]
+"""A path option (a directory, a file yet to be made): `~` is the home directory, as in
+`ExistingFile` and every `X_file`; a relative path is relative to the working directory."""
+
+
 def _existing_file(value: Path) -> Path:
-    path = Path(value).expanduser()
+    path = expand_home(value)
     if problem := _file_problem(path):
         raise ValueError(problem)
     return path
@@ -89,7 +109,7 @@ def read_secret_file(value: Any) -> str:
     """
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ValueError("expected the path of a file")
-    path = Path(value).expanduser()
+    path = expand_home(value)
     if problem := _file_problem(path):
         raise ValueError(problem)
     try:

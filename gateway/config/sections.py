@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from gateway.config.base import ConfigModel, TrustStore
+from gateway.config.base import ConfigModel, HomePath, TrustStore, expand_home
 from gateway.config.errors import _key_error
 from gateway.config.proxy import proxy_problem
 from gateway.config.store_url import port_problem, query_problem
@@ -87,6 +87,12 @@ class StoreConfig(ConfigModel):
     )
     auto_upgrade: bool = Field(True, description="Run migrations at start")
     pool_size: int = Field(10, ge=1)
+    invalid_tokens_retention: float = Field(
+        30 * 86400.0,
+        gt=0,
+        description="Seconds a dead token's keyed hash stays in pushgw_invalid_tokens "
+        "(swept hourly): nothing reads older rows, and without a bound the table only grew",
+    )
 
     @field_validator("url")
     @classmethod
@@ -111,6 +117,11 @@ class StoreConfig(ConfigModel):
             raise ValueError(problem)
         if problem := query_problem(url.drivername, url.query):
             raise ValueError(problem)
+        if url.get_backend_name() == "sqlite" and (url.database or "").startswith("~"):
+            # `~` means the home directory here too, as in every path option: SQLite
+            # itself would make a directory named `~` in the working directory.
+            home = str(expand_home(url.database or ""))
+            return url.set(database=home).render_as_string(hide_password=False)
         return value
 
 
@@ -151,7 +162,7 @@ ReceiptsFormat = Literal["jsonl", "parquet"]
 
 class ReceiptsConfig(ConfigModel):
     enabled: bool = True
-    directory: Path = Path("var/receipts")
+    directory: HomePath = Path("var/receipts")
     hmac_key: SecretStr = Field(
         SecretStr("pushgw-local-development-key"),
         description="Key of the token hash in receipts; set a secret in production",

@@ -20,8 +20,9 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import delete
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
@@ -196,3 +197,34 @@ class TokenInvalidation:
             log.exception("could not record an invalid token for plugin %s", invalid.plugin)
             return describe_error(exc)
         return None
+
+
+# How often `sweep_invalid_tokens` runs while the core runs (`running_core`).
+SWEEP_INTERVAL = 3600.0
+
+
+async def sweep_invalid_tokens(store: Store, older_than: float) -> int:
+    """Delete the records of tokens invalidated more than `older_than` s ago; how many.
+
+    Each record only says that a token's keyed hash was found dead (the plugin was told
+    then, and the provider answers again if the token is ever used again): without this
+    sweep `pushgw_invalid_tokens` grew by every dead token for as long as the gateway ran.
+    Idempotent, so every worker of every node may run it.
+    """
+    cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
+    async with store.engine.begin() as conn:
+        result = await conn.execute(
+            delete(invalid_tokens).where(invalid_tokens.c.invalidated_at < cutoff)
+        )
+    return result.rowcount or 0
+
+
+async def sweep_invalid_tokens_forever(store: Store, older_than: float) -> None:
+    """`sweep_invalid_tokens` now and every `SWEEP_INTERVAL` s; a failure (the database
+    down) is logged, in one line, and the next sweep tries again."""
+    while True:
+        try:
+            await sweep_invalid_tokens(store, older_than)
+        except Exception as exc:
+            log.warning("could not sweep old invalid-token records: %s", describe_error(exc))
+        await asyncio.sleep(SWEEP_INTERVAL)

@@ -9,13 +9,12 @@ Unknown keys inside an app are reported with a WARNING and ignored (Sygnal parit
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from gateway.api import ApnsAppConfig, ConfigModel, FcmAppConfig
+from gateway.api import ApnsAppConfig, ConfigModel, FcmAppConfig, expand_home
 
 log = logging.getLogger("plugins.matrix")
 
@@ -127,7 +126,11 @@ def _cert_topic(certfile: str) -> str:
     from cryptography.x509.oid import ObjectIdentifier
 
     try:
-        cert = x509.load_pem_x509_certificate(Path(certfile).expanduser().read_bytes())
+        path = expand_home(certfile)
+    except ValueError as exc:  # `~nosuchuser/...`: pathlib's would be a RuntimeError
+        raise ValueError(f"certfile: {exc}") from None
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
     except (OSError, ValueError) as exc:
         raise ValueError(
             f"certfile: cannot read a PEM certificate ({type(exc).__name__})"

@@ -96,6 +96,11 @@ log = logging.getLogger(__name__)
 PREFIX = "/api/v1/remotes/"
 DEFAULT_DISABLED_REASON = "Push notifications are disabled by this push notification service"
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+# Sends remembered for the duplicate window, at most: without a cap the window held
+# push rate x `duplicate_window` entries (each with its task and receipt), so a burst
+# grew the process without bound. Beyond it the oldest is forgotten first: a duplicate
+# of it may then be sent again, never a push dropped.
+_RECENT_MAX = 100_000
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 AuthedHandler = Callable[[web.Request, DbRow], Awaitable[web.StreamResponse]]
@@ -663,7 +668,7 @@ class Bouncer:
         now = time.monotonic()
         while self._recent:
             first = next(iter(self._recent.values()))
-            if first.expires > now:
+            if first.expires > now and len(self._recent) < _RECENT_MAX:
                 break
             self._recent.popitem(last=False)
         previous = self._recent.get(key)

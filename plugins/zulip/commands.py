@@ -35,7 +35,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.api import CommandContext
+from gateway.api import CommandContext, expand_home
 from plugins.zulip import repo
 from plugins.zulip.config import ZulipConfig
 from plugins.zulip.crypto import CryptoError, generate_bouncer_key, load_bouncer_keys
@@ -154,7 +154,12 @@ def _keys_file(args: argparse.Namespace, command_context: CommandContext) -> Pat
     # not created yet (the first `keys generate` of the documented set-up) or holding the
     # broken entry `keys remove` is to take out would refuse the command that fixes it.
     raw = command_context.plugin_section(PLUGIN).get("bouncer_keys_file")
-    return Path(str(raw)).expanduser() if raw else None
+    if not raw:
+        return None
+    try:
+        return expand_home(str(raw))
+    except ValueError as exc:  # `~nosuchuser/...`: the config's error, not a traceback
+        raise KeyFileError(f"plugins.zulip.bouncer_keys_file: {exc}") from None
 
 
 class KeyFileError(Exception):
@@ -331,7 +336,10 @@ async def cmd_set_key(args: argparse.Namespace, command_context: CommandContext)
 
 
 def cmd_keys_generate(args: argparse.Namespace, command_context: CommandContext) -> int:
-    path = _keys_file(args, command_context)
+    try:
+        path = _keys_file(args, command_context)
+    except KeyFileError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     if path is None:
         return _fail(NO_KEYS_FILE, EXIT_USAGE)
     public, private = generate_bouncer_key()
@@ -365,7 +373,10 @@ def cmd_keys_list(args: argparse.Namespace, command_context: CommandContext) -> 
 
 
 def cmd_keys_remove(args: argparse.Namespace, command_context: CommandContext) -> int:
-    path = _keys_file(args, command_context)
+    try:
+        path = _keys_file(args, command_context)
+    except KeyFileError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     if path is None:
         return _fail(NO_KEYS_FILE, EXIT_USAGE)
     try:
