@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gateway import logs
+from gateway.core.store import Store
 from gateway.testing import apns_sim, fcm_sim
 from gateway.testing.apns_sim import generate_apns_auth_key
 from gateway.testing.databases import (
@@ -108,6 +109,16 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         return
     async with _postgres() as url:
         yield url
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[Store]:
+    """A `Store` on `store_url` (SQLite, then PostgreSQL), closed after the test."""
+    s = Store(store_url)
+    try:
+        yield s
+    finally:
+        await s.close()
 
 
 def offline_apns_app(directory: Path) -> dict[str, Any]:

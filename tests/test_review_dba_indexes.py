@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 from alembic import command
 from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -37,15 +36,6 @@ TABLES = (
     "pushgw_invalid_tokens",
 )
 SERVERS, REALMS_PER_SERVER, DEVICES = 5_000, 10, 200_000
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[Store]:
-    s = Store(store_url)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 async def _populate(conn: AsyncConnection) -> None:

@@ -8,12 +8,10 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -41,15 +39,6 @@ def _alembic(url: str, action: str, target: str) -> None:
 
 async def alembic(url: str, action: str, target: str) -> None:
     await asyncio.to_thread(_alembic, url, action, target)
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[Store]:
-    s = Store(store_url)
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 def _drift(conn: Any) -> list[Any]:
