@@ -115,15 +115,21 @@ def test_a_credential_in_the_home_of_no_user_is_a_config_error(
     assert NO_USER in str(caught.value)
 
 
-def test_zulip_keys_file_in_the_home_of_no_user(
-    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _zulip_config(tmp_path: Path, keys_file: str) -> Path:
+    """A pushgw.yaml enabling zulip with `bouncer_keys_file` as given."""
     config = tmp_path / "pushgw.yaml"
     data = {
         "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'pushgw.db'}"},
-        "plugins": {"enabled": ["zulip"], "zulip": {"bouncer_keys_file": f"{NO_USER}/k.json"}},
+        "plugins": {"enabled": ["zulip"], "zulip": {"bouncer_keys_file": keys_file}},
     }
     config.write_text(yaml.safe_dump(data))
+    return config
+
+
+def test_zulip_keys_file_in_the_home_of_no_user(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _zulip_config(tmp_path, f"{NO_USER}/k.json")
     assert main(["-c", str(config), "zulip", "keys", "generate"]) == 2
     err = capsys.readouterr().err
     assert "plugins.zulip.bouncer_keys_file: " in err and NO_USER in err
@@ -133,12 +139,7 @@ def test_zulip_keys_file_in_the_home_of_no_user(
 def test_zulip_keys_file_under_the_home_directory(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = tmp_path / "pushgw.yaml"
-    data = {
-        "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'pushgw.db'}"},
-        "plugins": {"enabled": ["zulip"], "zulip": {"bouncer_keys_file": "~/keys.json"}},
-    }
-    config.write_text(yaml.safe_dump(data))
+    config = _zulip_config(tmp_path, "~/keys.json")
     assert main(["-c", str(config), "zulip", "keys", "generate"]) == 0
     public = capsys.readouterr().out.strip()
     assert public in (home / "keys.json").read_text()
