@@ -775,6 +775,23 @@ def test_env_names_are_case_insensitive_and_aliases_work(monkeypatch: pytest.Mon
     assert settings.logging.json_format is True and settings.store.auto_upgrade is False
 
 
+@pytest.mark.parametrize(
+    ("written", "level"), [("info", "INFO"), (" Debug", "DEBUG"), ("warn", "WARNING")]
+)
+def test_log_level_in_any_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str, level: str
+) -> None:
+    assert load_settings(data={"logging": {"level": written}}).logging.level == level
+    monkeypatch.setenv("PUSHGW__LOGGING__LEVEL", written)
+    assert load_settings(data={}).logging.level == level
+
+
+def test_unknown_log_level_is_still_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PUSHGW__LOGGING__LEVEL", "verbose")
+    with pytest.raises(ConfigError, match="PUSHGW__LOGGING__LEVEL: .*'DEBUG'"):
+        load_settings(data={})
+
+
 def test_env_secret_file_replaces_the_file_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

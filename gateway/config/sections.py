@@ -79,6 +79,16 @@ class LoggingConfig(ConfigModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @field_validator("level", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        # `PUSHGW_LOGGING__LEVEL=info` and `level: debug` are how operators write it, and
+        # Python's logging itself takes "WARN" for WARNING.
+        if isinstance(value, str):
+            value = value.strip().upper()
+            return "WARNING" if value == "WARN" else value
+        return value
+
 
 class StoreConfig(ConfigModel):
     url: str = Field(
