@@ -1,9 +1,9 @@
 """FCM HTTP v1 provider client: one Firebase project, one shared aiohttp session.
 
 firebase-admin / google-auth are used only to read the service account and mint OAuth
-access tokens (in an executor: google-auth's refresh is blocking); messages are sent
-with aiohttp and the cached bearer token (specs/providers.md §4.2: the SDK send path
-is ~10x slower, retries on its own and breaks under burst concurrency).
+access tokens (in a thread of the app's own: google-auth's refresh is blocking); messages
+are sent with aiohttp and the cached bearer token (specs/providers.md §4.2: the SDK send
+path is ~10x slower, retries on its own and breaks under burst concurrency).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import logging
 import ssl
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ class _TimedRequest(google.auth.transport.requests.Request):
     endpoint that accepts and never answers, each fetch then held its executor thread
     (the loop's default executor, which also resolves every provider host name) and
     its socket for two minutes, and delayed a process's exit as long.
+    (Each app now has a thread of its own for these requests: see `FcmClient._fetch`.)
     """
 
     def __init__(self, session: requests.Session, timeout: float) -> None:
@@ -125,6 +127,8 @@ class FcmClient:
         self._expires_at = 0.0  # monotonic: the token can no longer be used
         self._background: asyncio.Task[None] | None = None
         self._fetching: asyncio.Task[None] | None = None
+        # The token requests' own thread (`_fetch`), made at the first one.
+        self._token_thread: ThreadPoolExecutor | None = None
         self._fetch_error: Exception | None = None
         self._fetch_retry_at = 0.0
         self._fetch_failures = 0  # token requests failed in a row: logged when it starts/ends
@@ -177,6 +181,9 @@ class FcmClient:
                 with contextlib.suppress(BaseException):
                     await task
         self._background = self._fetching = None
+        thread, self._token_thread = self._token_thread, None
+        if thread is not None:  # a request still out ends by its request_timeout
+            thread.shutdown(wait=False, cancel_futures=True)
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -351,9 +358,16 @@ class FcmClient:
 
     async def _fetch(self) -> None:
         loop = asyncio.get_running_loop()
+        # One thread per app, not the loop's default executor: its few threads are shared
+        # by every app (and /metrics), and a handful of apps whose token endpoint stalls
+        # held them all, each for its request timeout, again and again; another app's
+        # token request waited behind them and its sends ended transient. Fetches of one
+        # app are single flight (`_refresh`): one thread is all it needs.
+        if self._token_thread is None:
+            self._token_thread = ThreadPoolExecutor(1, thread_name_prefix="fcm-token")
         try:
             token, lifetime = await asyncio.wait_for(
-                loop.run_in_executor(None, self._fetch_token), self._timeout + 30
+                loop.run_in_executor(self._token_thread, self._fetch_token), self._timeout + 30
             )
         except Exception as exc:
             self._fetch_error = exc

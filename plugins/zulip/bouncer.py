@@ -282,7 +282,7 @@ class Bouncer:
         self.limiter = RateLimiter(self.config.rate_limit_requests, self.config.rate_limit_window)
         self._recent: OrderedDict[tuple[int, int, str], _Sent] = OrderedDict()
         self._background: set[asyncio.Task[Any]] = set()
-        self._server_sends: dict[int, int] = {}  # server id -> sends running
+        self._server_sends: dict[tuple[int, str], int] = {}  # (server id, app) -> sends running
         self._methods: dict[str, list[str]] = {}  # endpoint -> methods it answers
         self.repeats = RepeatedLines()
 
@@ -690,18 +690,22 @@ class Bouncer:
     def _start(
         self, server_id: int, push: Push, *, apns: bool
     ) -> asyncio.Task[Receipt | None] | None:
-        """Start one send of a server, or None while it has `server_in_flight` running.
+        """Start one send of a server, or None while it has `server_in_flight` running
+        to the push's app.
 
         Every server's pushes share the plugin's lanes (their queue, slots and breaker):
         without a bound, one server naming its own token in thousands of push requests
-        fills the queue and the others' pushes are shed.
+        fills the queue and the others' pushes are shed. The bound is per app, as the
+        lanes are: counted across apps, a stalled provider for one app (its sends out
+        until their deadline) held the sends the server's pushes to the others needed.
         """
-        running = self._server_sends.get(server_id, 0)
+        key = (server_id, push.app_id)
+        running = self._server_sends.get(key, 0)
         if running >= self.config.server_in_flight:
             return None
-        self._server_sends[server_id] = running + 1
+        self._server_sends[key] = running + 1
         task = self._spawn(self._send(push, apns=apns))
-        task.add_done_callback(lambda _: self._send_done(server_id))
+        task.add_done_callback(lambda _: self._send_done(key))
         return task
 
     def _log_not_started(self, count: int) -> None:
@@ -743,10 +747,10 @@ class Bouncer:
         else:
             log.warning(message, *args)
 
-    def _send_done(self, server_id: int) -> None:
-        running = self._server_sends.pop(server_id, 0) - 1
+    def _send_done(self, key: tuple[int, str]) -> None:
+        running = self._server_sends.pop(key, 0) - 1
         if running > 0:
-            self._server_sends[server_id] = running
+            self._server_sends[key] = running
 
     def _spawn(self, coro: Awaitable[Receipt | None]) -> asyncio.Task[Receipt | None]:
         task: asyncio.Task[Receipt | None] = asyncio.ensure_future(coro)

@@ -64,9 +64,9 @@ class ZulipConfig(ConfigModel):
     server_in_flight: int = Field(
         200,
         ge=1,
-        description="Sends one Zulip server may have running at once; beyond it a push "
-        "request is not sent (counted as not sent), so that one server cannot fill the "
-        "lanes every server shares",
+        description="Sends one Zulip server may have running at once to one app; beyond "
+        "it a push request is not sent (counted as not sent), so that one server cannot "
+        "fill the lanes every server shares",
     )
     registration_liveness: int = Field(86400, gt=0)
     duplicate_window: float = Field(120.0, ge=0)
