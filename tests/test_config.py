@@ -788,7 +788,7 @@ def test_log_level_in_any_case(
 
 def test_unknown_log_level_is_still_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PUSHGW__LOGGING__LEVEL", "verbose")
-    with pytest.raises(ConfigError, match="PUSHGW__LOGGING__LEVEL: .*'DEBUG'"):
+    with pytest.raises(ConfigError, match=r"PUSHGW__LOGGING__LEVEL: .*'DEBUG'"):
         load_settings(data={})
 
 
