@@ -399,7 +399,10 @@ class Bouncer:
         return server
 
     async def not_found(self, request: web.Request) -> web.Response:
-        allowed = self._methods.get(request.match_info.get("tail", ""))
+        # The endpoint as routing saw it: `path_safe` keeps an encoded slash encoded, as
+        # the endpoints' own routes do (`tail` is decoded). `push%2Fnotify` is no endpoint:
+        # by `tail` it was a 405 whose `Allow` named the very method the client had used.
+        allowed = self._methods.get(request.rel_url.path_safe.removeprefix(PREFIX))
         if allowed is not None:  # the endpoint exists: RFC 9110 405, as Zulip's bouncer
             raise method_not_allowed(allowed)
         raise ZulipError("Endpoint not found", status=404)
