@@ -42,6 +42,7 @@ from gateway.config import (
 )
 from gateway.context import PluginContext, Runtime, Service, TokenHasher, first_worker
 from gateway.core.dispatcher import Dispatcher
+from gateway.core.errors import FirstSeen, kind_and_place
 from gateway.core.metrics import MULTIPROC_ENV, Metrics
 from gateway.core.providers import ProviderClient
 from gateway.core.push import InvalidToken, Push, Receipt
@@ -155,6 +156,7 @@ def load_gateway(
         hasher=TokenHasher(settings.receipts.hmac_key.get_secret_value().encode()),
         metrics=Metrics(),
     )
+    _zero_plugin_series(runtime.metrics, registry)
     contexts: dict[str, PluginContext] = {}
     apps: dict[tuple[str, str], AppConfig] = {}
     # Every plugin's problems, and the credentials of every app that validated, are
@@ -424,13 +426,51 @@ def _make_sink(
     if writer is None and not observers:
         return None
 
+    failed = _HookFailures(gateway.runtime.metrics, "pushgw_push_result")
+
     async def sink(push: Push, receipt: Receipt) -> None:
         if writer is not None:
             await writer.put(receipt)
-        if observers:  # each observer is called on its own; a failing one is logged there
-            await gateway.registry.broadcast_async("pushgw_push_result", push=push, receipt=receipt)
+        if observers:  # each observer is called on its own; a failing one is counted
+            await gateway.registry.broadcast_async(
+                "pushgw_push_result", on_error=failed, push=push, receipt=receipt
+            )
 
     return sink
+
+
+def _zero_plugin_series(metrics: Metrics, registry: PluginRegistry) -> None:
+    """Every plugin's failure series at 0 from the start: an `increase()` alert does not
+    see the first failure of a series that did not exist before it."""
+    for name in registry.names:
+        metrics.token_record_failures.labels(name)
+    for hook in ("pushgw_push_result", "pushgw_token_invalid"):
+        for name in registry.implementers(hook):
+            metrics.hook_errors.labels(name, hook)
+
+
+class _HookFailures:
+    """A per-push hook's failures: each counted (`pushgw_plugin_hook_errors_total`), the
+    first of each kind and place logged. An observer that fails for every push wrote
+    an ERROR line per push, hundreds a second."""
+
+    def __init__(self, metrics: Metrics, hook: str) -> None:
+        self._metrics = metrics
+        self._hook = hook
+        self._seen = FirstSeen()
+
+    def __call__(self, plugin: str, exc: Exception) -> None:
+        self._metrics.hook_errors.labels(plugin, self._hook).inc()
+        where = kind_and_place(exc)
+        if self._seen.first(plugin, where):
+            log.error(
+                "plugin %s: its %s hook raised %s; fix or disable the plugin (later "
+                "failures at that place are counted in pushgw_plugin_hook_errors_total, "
+                "not logged)",
+                plugin,
+                self._hook,
+                where,
+            )
 
 
 async def _services_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -163,14 +163,21 @@ class PluginRegistry:
         results = getattr(self.pm.hook, hook)(**kwargs)
         return list(reversed(results))  # pluggy calls LIFO; report in plugin order
 
-    async def broadcast_async(self, hook: str, **kwargs: Any) -> list[Any]:
+    async def broadcast_async(
+        self,
+        hook: str,
+        *,
+        on_error: Callable[[str, Exception], None] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
         """Call a broadcast hook whose implementations may be async, each plugin on its own.
 
         Plugins are called in registration order, each one's awaitable awaited before
         the next plugin is called. A plugin that raises (calling it or awaiting it) is
-        logged with its name and the kind of error, and left out of the results: the
-        other plugins are still called. Results are in registration order; None results
-        are left out, as `broadcast` does.
+        logged with its name and the kind of error (or given to `on_error` with the
+        plugin's name), and left out of the results: the other plugins are still
+        called. Results are in registration order; None results are left out, as
+        `broadcast` does.
         """
         out = []
         for name in self.implementers(hook):
@@ -179,7 +186,10 @@ class PluginRegistry:
                 if inspect.isawaitable(result):
                     result = await result
             except Exception as exc:
-                _log_hook_failure(name, hook, exc)
+                if on_error is None:
+                    _log_hook_failure(name, hook, exc)
+                else:
+                    on_error(name, exc)
                 continue
             if result is not None:
                 out.append(result)

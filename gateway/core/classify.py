@@ -75,6 +75,23 @@ CONFIG_REASONS = frozenset(
         "NOT_FOUND",  # without an FCM errorCode: a wrong project (UNREGISTERED has its code)
     }
 )
+# What an operator checks when the provider refuses an app's credential even after the
+# one refresh (the dispatcher's log line). APNs rejects a provider token whose `iat` is
+# more than an hour old or in the future: a host clock off by that much looks like a
+# revoked key, so the clock is named where it can be the cause.
+CREDENTIAL_HINTS: dict[str, str] = {
+    "ExpiredProviderToken": "check this host's clock (NTP): APNs takes it as over an hour off",
+    "InvalidProviderToken": (
+        "check the app's key_id and team_id, that the key is not revoked in the Apple "
+        "developer account, and this host's clock"
+    ),
+    "MissingProviderToken": "check the app's keyfile, key_id and team_id",
+    "oauth_token_error": (
+        "check that the service account and its key still exist and are enabled, and this "
+        "host's clock"
+    ),
+}
+CREDENTIAL_HINT = "check the app's credential and this host's clock"
 APNS_TRANSIENT = frozenset({"IdleTimeout", "InternalServerError", "ServiceUnavailable", "Shutdown"})
 # Answers after which the connection that carried them takes no new request: APNs is
 # shutting it down (`Shutdown`), timed it out (`IdleTimeout`), or bound it to another key

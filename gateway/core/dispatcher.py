@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.config import DeliveryConfig
-from gateway.core.classify import CONFIG_REASONS
+from gateway.core.classify import CONFIG_REASONS, CREDENTIAL_HINT, CREDENTIAL_HINTS
 from gateway.core.metrics import LaneMetrics, Metrics, reason_label
 from gateway.core.providers import ProviderClient
 from gateway.core.push import Attempt, InvalidToken, Outcome, Push, Reason, Receipt
@@ -439,7 +439,9 @@ class Dispatcher:
             lane.failed_fast = 0
             log.warning(
                 "app %s (%s): circuit breaker opened after %d consecutive transient failures "
-                "(last: %s); pushes fail fast, one trial request every %g s",
+                "(last: %s); pushes fail fast, one trial request every %g s. Check that "
+                "this host reaches the provider (DNS, firewall, proxy, TLS CA) and the "
+                "provider's status",
                 lane.app_id,
                 provider,
                 breaker.failures,
@@ -465,10 +467,11 @@ class Dispatcher:
             if lane.auth_failures == 1:
                 log.warning(
                     "app %s (%s): the provider refuses the credential (%s); pushes end auth "
-                    "until it accepts it again",
+                    "until it accepts it again: %s",
                     lane.app_id,
                     lane.client.kind.value,
                     reason_label(reason),
+                    CREDENTIAL_HINTS.get(reason or "", CREDENTIAL_HINT),
                 )
         elif outcome is Outcome.OK:
             log.warning(

@@ -179,6 +179,20 @@ class Metrics:
             registry=r,
             multiprocess_mode="max",
         )
+        self.hook_errors = Counter(
+            "pushgw_plugin_hook_errors",
+            "Plugin hooks that raised while the core called them (the first of each kind and "
+            "place is logged)",
+            ["plugin", "hook"],
+            registry=r,
+        )
+        self.token_record_failures = Counter(
+            "pushgw_invalid_token_record_failures",
+            "Invalid tokens whose keyed hash could not be recorded (the database down or "
+            "read-only); the plugin's hook still ran",
+            ["plugin"],
+            registry=r,
+        )
         self.receipts_written = Counter(
             "pushgw_receipts_written", "Receipt records written", registry=r
         )

@@ -26,7 +26,7 @@ from sqlalchemy import delete
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
-from gateway.core.errors import kind_and_place
+from gateway.core.errors import FirstSeen, kind_and_place
 from gateway.core.metrics import Metrics
 from gateway.core.push import InvalidToken
 from gateway.core.store import Store, invalid_tokens
@@ -129,6 +129,10 @@ class TokenInvalidation:
         self._notify = notify
         # key -> (monotonic expiry, unix time its report began)
         self._recent: OrderedDict[tuple[str, str, str], tuple[float, float]] = OrderedDict()
+        # Records failed in a row (the database down or read-only): the first is logged,
+        # the others counted, and the first success after them says how many.
+        self._record_failures = 0
+        self._hook_failures = FirstSeen()  # a failing hook's line, once per kind and place
 
     async def report(self, invalid: InvalidToken, *, persist: bool = True) -> bool:
         """Handle one invalid token; False when it was already handled recently."""
@@ -170,9 +174,16 @@ class TokenInvalidation:
             # quote what the hook was given or used (a database error quotes its
             # statement's parameters), and handlers without pushgw's formatter print it
             # (logging's last resort in CLI commands, an embedding application's own).
-            log.error(
-                "token-invalid hook of plugin %s failed: %s", invalid.plugin, kind_and_place(exc)
-            )
+            self._metrics.hook_errors.labels(invalid.plugin, "pushgw_token_invalid").inc()
+            where = kind_and_place(exc)
+            if self._hook_failures.first(invalid.plugin, where):
+                log.error(
+                    "token-invalid hook of plugin %s failed: %s; the plugin may still hold the "
+                    "token (later failures at that place are counted in "
+                    "pushgw_plugin_hook_errors_total, not logged)",
+                    invalid.plugin,
+                    where,
+                )
             hook_error = describe_error(exc)
         return Outcome(handled=True, record_error=record_error, hook_error=hook_error, found=found)
 
@@ -194,9 +205,35 @@ class TokenInvalidation:
             async with self._store.engine.begin() as conn:
                 await conn.execute(stmt)
         except Exception as exc:
-            log.exception("could not record an invalid token for plugin %s", invalid.plugin)
+            self._record_failed(invalid.plugin, exc)
             return describe_error(exc)
+        if self._record_failures:
+            log.warning(
+                "invalid tokens are recorded again; %d could not be recorded meanwhile "
+                "(their plugins were told)",
+                self._record_failures,
+            )
+            self._record_failures = 0
         return None
+
+    def _record_failed(self, plugin: str, exc: Exception) -> None:
+        """Count a failed record; log the first of a run in one line (no traceback: a
+        database error's text quotes its statement's parameters, and with the database
+        down every dead token would add one)."""
+        self._metrics.token_record_failures.labels(plugin).inc()
+        self._record_failures += 1
+        if self._record_failures > 1:
+            return
+        cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        log.error(
+            "could not record an invalid token for plugin %s (%s): %s; the plugin is still "
+            "told. Check that the database is up and writable (/readyz `store`); further "
+            "failures are counted in pushgw_invalid_token_record_failures_total until a "
+            "record succeeds",
+            plugin,
+            type(cause).__name__,
+            describe_error(exc).partition(": ")[2] or "no message",
+        )
 
 
 # How often `sweep_invalid_tokens` runs while the core runs (`running_core`).
