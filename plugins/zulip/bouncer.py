@@ -508,8 +508,16 @@ class Bouncer:
         # now. Unbounded, a locked table held it (and a pooled connection) for as long.
         self._start_clock(request)
         async with self._database(request), self.engine.begin() as conn:
-            if await repo.realms_of_other_servers(conn, server.id, (i.uuid for i in infos)):
-                raise ZulipError("Duplicate registration detected.")
+            held = await repo.realms_of_other_servers(conn, server.id, (i.uuid for i in infos))
+            if held and self.config.registration != "open":
+                # Those of a deactivated registration are this server's own, registered
+                # again under a new zulip_org_id (docs/zulip.md §3); any other is a 400.
+                # Only for a server the operator vetted (allowlisted or registered by
+                # hand): with `open` registration anyone who knows the realm UUIDs could
+                # take over the realms, and their devices, of a deactivated server.
+                await repo.adopt_realms_of_deactivated_servers(conn, server.id, held)
+                if await repo.realms_of_other_servers(conn, server.id, held):
+                    raise ZulipError("Duplicate registration detected.")
             await repo.record_analytics_ids(conn, server, ids, meta)
             rows = await repo.upsert_realms(conn, server.id, infos, complete=raw_realms is not None)
             if any(i.uuid not in rows for i in infos):

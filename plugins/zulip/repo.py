@@ -198,6 +198,27 @@ async def realms_of_other_servers(
     return found
 
 
+async def adopt_realms_of_deactivated_servers(
+    conn: AsyncConnection, server_id: int, uuids: Iterable[str]
+) -> None:
+    """Give `server_id` the realms of `uuids` that a deactivated server holds.
+
+    A Zulip server whose registration was deactivated (`server/deactivate`, `pushgw
+    zulip deactivate`) can only register again under a new `zulip_org_id`, and uploads
+    the same realm UUIDs: held by the old registration for good, each upload was
+    "Duplicate registration detected.", which Zulip 8.0+ answers by switching push off.
+    The realm moves with its E2EE registrations; its legacy ones stay with the old
+    server (keyed by server) for `gc`. Realms of an active server are never moved.
+    """
+    deactivated = select(servers.c.id).where(servers.c.deactivated_at.is_not(None))
+    for chunk in _chunks(sorted(set(uuids))):
+        await conn.execute(
+            update(realms)
+            .where(realms.c.uuid.in_(chunk), realms.c.server_id.in_(deactivated))
+            .values(server_id=server_id)
+        )
+
+
 async def upsert_realms(
     conn: AsyncConnection, server_id: int, infos: Sequence[RealmInfo], *, complete: bool
 ) -> dict[str, DbRow]:
