@@ -114,10 +114,13 @@ def database_errors(url: str) -> Iterator[None]:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
+    from gateway.core.store import MigrationRefused
     from gateway.core.tokens import describe_error
 
     try:
         yield
+    except MigrationRefused as exc:  # says what to do itself
+        raise DatabaseError(f"database {shown_url(url)}: {exc}") from None
     except (OSError, SQLAlchemyError, CommandError, RevisionError) as exc:
         reason = describe_error(exc)
         with contextlib.suppress(Exception):
@@ -182,7 +185,7 @@ async def _pending_migrations(
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    from gateway.core.store import alembic_config, branch_heads
+    from gateway.core.store import alembic_config, branch_heads, check_known
 
     extra = [d for d in known if d not in version_locations]
     cfg = alembic_config(store.url, [*version_locations, *extra])
@@ -191,6 +194,7 @@ async def _pending_migrations(
         current = await conn.run_sync(
             lambda sync: MigrationContext.configure(sync).get_current_heads()
         )
+    check_known(script, current, branch_heads(cfg, version_locations))
     applied = {r.revision for r in script.iterate_revisions(tuple(current), "base") if r}
     wanted = {
         r.revision
@@ -246,6 +250,24 @@ async def cmd_db_upgrade(args: argparse.Namespace, _ctx: Any) -> int:
     async with opened_store(loaded, migrate=True) as store:
         dialect = store.dialect
     print(f"database at head ({dialect}): {shown_url(loaded.settings.store.url)}")
+    return 0
+
+
+async def cmd_db_downgrade(args: argparse.Namespace, _ctx: Any) -> int:
+    """Roll the database back to an older release's revisions (docs/cli.md)."""
+    loaded = _load(args)
+    _no_config_note(args, loaded)
+    store = open_configured_store(loaded)
+    # every installed plugin's revisions: a disabled plugin's branch may need undoing too
+    dirs = [*loaded.migration_dirs(), *loaded.known_migration_dirs()]
+    try:
+        with database_errors(store.url):
+            heads = await store.downgrade(args.revisions, list(dict.fromkeys(dirs)))
+        dialect = store.dialect
+    finally:
+        await store.close()
+    shown = ", ".join(heads) or "no revision"
+    print(f"database at {shown} ({dialect}): {shown_url(loaded.settings.store.url)}")
     return 0
 
 
@@ -506,6 +528,16 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
     db_sub.add_parser("upgrade", parents=[common], help="apply all migrations").set_defaults(
         handler=cmd_db_upgrade
     )
+    down = db_sub.add_parser(
+        "downgrade", parents=[common], help="roll back to an older release's revisions"
+    )
+    down.add_argument(
+        "revisions",
+        nargs="+",
+        metavar="REVISION",
+        help="the revisions of the release rolled back to (its refusal to start names them)",
+    )
+    down.set_defaults(handler=cmd_db_downgrade)
 
     tokens = sub.add_parser("tokens", help="device token maintenance")
     tokens_sub = tokens.add_subparsers(dest="tokens_command", metavar="COMMAND", required=True)

@@ -13,12 +13,15 @@ import fcntl
 import hashlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import Script, ScriptDirectory
+from alembic.util import CommandError, to_tuple
 from sqlalchemy import Column, DateTime, MetaData, String, Table, event, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import (
@@ -124,6 +127,18 @@ class Store:
         revisions the database holds: a plugin disabled after its branch was applied
         leaves its revision there, which Alembic must find to upgrade anything.
         """
+        await self._migrate(lambda: upgrade(self.url, version_locations, known))
+
+    async def downgrade(
+        self, targets: Sequence[str], version_locations: Sequence[str]
+    ) -> list[str]:
+        """Undo the revisions above each of `targets` in its branch (`downgrade`); returns
+        the database's revisions after."""
+        heads: list[str] = []
+        await self._migrate(lambda: heads.extend(downgrade(self.url, targets, version_locations)))
+        return heads
+
+    async def _migrate(self, migrate: Callable[[], object]) -> None:
         # In a daemon thread, not asyncio's executor: that one is waited for on the way
         # out, so Ctrl-C while the migration waits (for another process's migration lock,
         # a database that does not answer) would not end the command until the wait did.
@@ -141,7 +156,7 @@ class Store:
         def run() -> None:
             error: BaseException | None = None
             try:
-                upgrade(self.url, version_locations, known)
+                migrate()
             except BaseException as exc:
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
@@ -172,13 +187,109 @@ def alembic_config(url: str, version_locations: Sequence[str] = ()) -> AlembicCo
     return cfg
 
 
+class MigrationRefused(Exception):
+    """A migration not attempted; the message (one line) says why and what to do."""
+
+
+class UnknownRevisions(MigrationRefused):
+    """The database holds revisions this pushgw cannot locate: a newer pushgw migrated
+    it, or the plugin they belong to is no longer installed."""
+
+    def __init__(self, unknown: Sequence[str], heads: Sequence[str]) -> None:
+        super().__init__(
+            f"at revision {', '.join(unknown)}, which this pushgw does not know: a newer "
+            "pushgw migrated it (roll it back with that one: "
+            f"`pushgw db downgrade {' '.join(heads)}`, docs/cli.md), or the plugin of that "
+            "revision is no longer installed (docs/plugins.md)"
+        )
+
+
+def check_known(script: ScriptDirectory, current: Sequence[str], heads: Sequence[str]) -> None:
+    """Raise UnknownRevisions when the database (at `current`) holds a revision `script`
+    cannot locate, naming `heads`, this pushgw's own: Alembic's own error (`Can't locate
+    revision`) said neither why nor what to do, and a node of an older release sharing
+    the database of a newer one must say both."""
+    unknown = [rev for rev in current if _revision(script, rev) is None]
+    if unknown:
+        raise UnknownRevisions(sorted(unknown), heads)
+
+
 def upgrade(url: str, version_locations: Sequence[str] = (), known: Sequence[str] = ()) -> None:
     """Synchronous entry point (Alembic's command API is synchronous)."""
     extra = [d for d in known if d not in version_locations]
     cfg = alembic_config(url, [*version_locations, *extra])
+    heads = branch_heads(cfg, version_locations)
+    cfg.attributes["heads"] = heads  # checked by env.py against the database's (check_known)
     with sqlite_migration_lock(url):
-        for head in branch_heads(cfg, version_locations):
+        for head in heads:
             command.upgrade(cfg, head)
+
+
+def downgrade(url: str, targets: Sequence[str], version_locations: Sequence[str]) -> list[str]:
+    """Bring each branch holding one of `targets` (revision ids) down to it; a branch with
+    nothing above it applied is left alone, so the heads of an older release can be given
+    whole (`core_0001 zulip_0003`: Alembic refuses `core_0001` itself while a plugin's
+    revisions depending on it are applied). Returns the database's revisions after."""
+    cfg = alembic_config(url, version_locations)
+    script = ScriptDirectory.from_config(cfg)
+    for target in targets:
+        # `base`, `zulip@base`, `-1`: not a release's revision, and they drop tables
+        if _revision(script, target) is None:
+            raise MigrationRefused(
+                f"{target!r} is not a revision of this pushgw: give those of the release "
+                "to roll back to (its refusal to start names them)"
+            )
+    with sqlite_migration_lock(url):
+        # revisions this pushgw does not know: an even newer one must undo them
+        check_known(script, current_heads(url), targets)
+        for target in targets:
+            if any(_above(script, rev, target) for rev in current_heads(url)):
+                command.downgrade(cfg, target)
+        return sorted(current_heads(url))
+
+
+def _revision(script: ScriptDirectory, revision: str) -> Script | None:
+    """The script of exactly this revision id, or None (not `base`, a prefix, ...)."""
+    try:
+        found = script.get_revision(revision)
+    except CommandError:
+        return None
+    return found if found is not None and found.revision == revision else None
+
+
+def _above(script: ScriptDirectory, revision: str, target: str) -> bool:
+    """Whether `target` lies below `revision` in its branch (down_revision, not
+    depends_on)."""
+    seen: set[str] = set()
+    todo = [revision]
+    while todo:
+        rev = _revision(script, todo.pop())
+        if rev is None or rev.revision in seen:
+            continue
+        seen.add(rev.revision)
+        downs = to_tuple(rev.down_revision, default=())
+        if target in downs:
+            return True
+        todo.extend(downs)
+    return False
+
+
+def current_heads(url: str) -> list[str]:
+    """The revisions the database is at (synchronous: from a thread without a loop)."""
+
+    async def read() -> list[str]:
+        engine = create_engine(url)
+        try:
+            async with engine.connect() as conn:
+                return list(
+                    await conn.run_sync(
+                        lambda sync: MigrationContext.configure(sync).get_current_heads()
+                    )
+                )
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
 
 
 def migration_lock_path(url: str) -> Path | None:
@@ -213,8 +324,6 @@ def sqlite_migration_lock(url: str) -> Iterator[None]:
 def branch_heads(cfg: AlembicConfig, version_locations: Sequence[str]) -> list[str]:
     """The heads of the core's branch and of the branches in `version_locations`, not
     of the other directories `cfg` knows (plugins not enabled: left as they are)."""
-    from alembic.script import ScriptDirectory
-
     wanted = {
         (MIGRATIONS_DIR / "versions").resolve(),
         *(Path(d).resolve() for d in version_locations),

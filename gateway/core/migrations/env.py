@@ -8,7 +8,7 @@ from alembic import context
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from gateway.core.store import MIGRATION_LOCK, create_engine
+from gateway.core.store import MIGRATION_LOCK, check_known, create_engine
 
 
 def _run(connection: Connection) -> None:
@@ -27,6 +27,9 @@ def _run(connection: Connection) -> None:
         # the first DDL follows Alembic's reads.
         connection.exec_driver_sql("BEGIN IMMEDIATE")
     context.configure(connection=connection, render_as_batch=True)
+    heads = context.config.attributes.get("heads")
+    if heads is not None:  # an upgrade: the database must hold no revision beyond ours
+        check_known(context.script, context.get_context().get_current_heads(), heads)
     with context.begin_transaction():
         context.run_migrations()
 
