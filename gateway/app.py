@@ -527,10 +527,24 @@ async def _metrics_server_ctx(app: web.Application) -> AsyncIterator[None]:
         metrics_app, access_log=None, keepalive_timeout=gateway.settings.server.keepalive_timeout
     )
     await runner.setup()
-    site = web.TCPSite(
-        runner, gateway.settings.server.host, gateway.settings.server.metrics_port, reuse_port=True
-    )
-    await site.start()
+    from gateway.serve import listen  # light, but only `serve` needs it otherwise
+
+    # Bound as the main port is (`listen`): `server.host: "::"` takes IPv4 clients too,
+    # which a TCPSite (IPv6-only sockets for `::`) would refuse.
+    server = gateway.settings.server
+    assert server.metrics_port is not None  # this context runs only when it is set
+    try:
+        socks = listen(server.host, server.metrics_port, reuse_port=True, what="/metrics")
+        try:
+            for sock in socks:
+                await web.SockSite(runner, sock).start()
+        except BaseException:
+            for sock in socks:
+                sock.close()
+            raise
+    except BaseException:
+        await runner.cleanup()
+        raise
     yield
     await runner.cleanup()
 

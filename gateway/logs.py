@@ -11,6 +11,7 @@ types, never the messages (`redacted_traceback`).
 from __future__ import annotations
 
 import contextvars
+import ipaddress
 import json
 import logging
 import sys
@@ -59,7 +60,7 @@ class RouteAccessLogger(AbstractAccessLogger):
         version = f"HTTP/{request.version.major}.{request.version.minor}"
         self.logger.info(
             '%s "%s %s %s" %d %d %.3fs "%s"',
-            request.remote or "-",
+            client_address(request.remote),
             request.method,
             route_pattern(request),
             version,
@@ -68,6 +69,19 @@ class RouteAccessLogger(AbstractAccessLogger):
             time,
             request.headers.get("User-Agent", "-"),
         )
+
+
+def client_address(remote: str | None) -> str:
+    """The client's address as the operator knows it: an IPv4 client of a dual-stack
+    socket (`server.host: "::"`) is `192.0.2.1`, not `::ffff:192.0.2.1`, so that the log's
+    addresses match firewall rules and proxy logs whichever socket took the connection."""
+    if not remote:
+        return "-"
+    try:
+        mapped = ipaddress.IPv6Address(remote).ipv4_mapped
+    except ValueError:  # IPv4, or not an address (a Unix socket's peer)
+        return remote
+    return str(mapped) if mapped is not None else remote
 
 
 def route_pattern(request: BaseRequest) -> str:

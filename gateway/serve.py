@@ -339,6 +339,12 @@ def _bind(
     except PreflightError as exc:
         raise ServeError(f"cannot listen on {shown}: {exc}") from None
     socks: list[socket.socket] = []
+    # `::` alone (no IPv4 address beside it) takes IPv4 clients too, as IPv4-mapped
+    # addresses, where the OS allows: an operator who writes `::` means every address.
+    # Beside an IPv4 address of the same port the IPv6 socket must stay IPv6-only.
+    dual_stack = {(family, address[0]) for family, *_, address in infos} == {
+        (socket.AF_INET6, "::")
+    }
     try:
         seen = set()
         for family, kind, proto, _, address in infos:
@@ -352,7 +358,7 @@ def _bind(
             if reuse_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                _set_v6only(sock, not dual_stack)
             sock.bind(address)
             if backlog is not None:
                 sock.listen(backlog)
@@ -362,6 +368,15 @@ def _bind(
         reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
         raise ServeError(f"cannot listen on {shown}: {reason}") from None
     return socks
+
+
+def _set_v6only(sock: socket.socket, v6only: bool) -> None:
+    try:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
+    except OSError:
+        if v6only:
+            raise
+        # An OS without dual-stack sockets (OpenBSD): `::` stays IPv6 only, as documented.
 
 
 def _hold_metrics_port(loaded: LoadedGateway) -> list[socket.socket]:

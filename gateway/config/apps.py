@@ -67,6 +67,20 @@ class ApnsAppConfig(ConfigModel):
     request_timeout: float = Field(10.0, gt=0)
     push_type: str | None = Field(None, description="Default apns-push-type for this app")
 
+    @field_validator("host")
+    @classmethod
+    def _host_without_brackets(cls, value: str | None) -> str | None:
+        """`[::1]`, as a URL writes an IPv6 address, is `::1`: a host name is resolved,
+        and the brackets would make it one that never resolves (every push retried)."""
+        if value is None or not value.startswith("["):
+            return value
+        inner = value[1:-1] if value.endswith("]") else ""
+        try:
+            ipaddress.IPv6Address(inner)
+        except ValueError:
+            raise ValueError("brackets only go around an IPv6 address, [::1]") from None
+        return inner
+
     @model_validator(mode="after")
     def _one_auth_method(self) -> ApnsAppConfig:
         token_auth = self.keyfile is not None

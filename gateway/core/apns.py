@@ -387,7 +387,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
             (":method", "POST"),
             (":scheme", "https"),
             NeverIndexedHeaderTuple(":path", f"/3/device/{request.device_token}"),
-            ("host", self.APNS_SERVER),
+            ("host", _authority(self.APNS_SERVER)),
             NeverIndexedHeaderTuple("apns-id", nid),
         ]
         topic = request.apns_topic or self.apns_topic
@@ -622,7 +622,8 @@ class _ApnsPool(APNsBaseConnectionPool):
         if alpn != "h2":
             protocol.close()
             raise ConnectionError(
-                f"APNs server {host}:{port} did not negotiate HTTP/2 (ALPN h2; got {alpn!r})"
+                f"APNs server {_authority(host)}:{port} did not negotiate HTTP/2 "
+                f"(ALPN h2; got {alpn!r})"
             )
         return protocol
 
@@ -681,6 +682,11 @@ class _ApnsPool(APNsBaseConnectionPool):
         return result
 
 
+def _authority(host: str) -> str:
+    """`host` as a URL or a `host` header writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 async def _connect_tunnel(
     loop: asyncio.AbstractEventLoop, proxy: SplitResult, host: str, port: int
 ) -> socket.socket:
@@ -712,7 +718,7 @@ async def _connect_tunnel(
     if sock is None:
         raise error
     try:
-        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        target = f"{_authority(host)}:{port}"
         lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}"]
         if proxy.username is not None:
             user_pass = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"

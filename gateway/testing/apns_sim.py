@@ -9,7 +9,7 @@ and ASGI servers / aiohttp hide exactly those frames.
 Behaviour (specs/providers.md §2, §6.1):
 
 - TLS 1.2+ with a certificate from `SimulatorCA` naming Apple's hosts,
-  `localhost` and `127.0.0.1`. ALPN `h2` is offered but not required (aioapns
+  `localhost`, `127.0.0.1` and `::1`. ALPN `h2` is offered but not required (aioapns
   sends no ALPN): every TLS connection speaks HTTP/2 directly.
 - SETTINGS_MAX_CONCURRENT_STREAMS is advertised (default 1000, changeable at
   run time with `set_max_concurrent_streams`), DATA is acknowledged for flow
@@ -717,8 +717,8 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
 
     @property
     def url(self) -> str:
-        """`https://<host>:<port>`."""
-        return f"https://{self._host}:{self._port}"
+        """`https://<host>:<port>` (`https://[::1]:2197` on IPv6)."""
+        return f"https://{self.netloc}"
 
     @property
     def ca_path(self) -> Path:

@@ -23,6 +23,7 @@ APNS_HOSTNAMES: tuple[str, ...] = (
     "api.development.push.apple.com",
     "localhost",
     "127.0.0.1",
+    "::1",
 )
 
 #: Names the (optional) TLS FCM simulator certificate carries.
@@ -31,6 +32,7 @@ FCM_HOSTNAMES: tuple[str, ...] = (
     "oauth2.googleapis.com",
     "localhost",
     "127.0.0.1",
+    "::1",
 )
 
 

@@ -478,9 +478,9 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
 
     @property
     def url(self) -> str:
-        """Base URL, `http(s)://<host>:<port>`."""
+        """Base URL, `http(s)://<host>:<port>` (`http://[::1]:4080` on IPv6)."""
         scheme = "https" if self.tls else "http"
-        return f"{scheme}://{self._host}:{self._port}"
+        return f"{scheme}://{self.netloc}"
 
     @property
     def token_uri(self) -> str:

@@ -21,9 +21,10 @@ from pathlib import Path
 from websockets.sync.client import connect as sync_connect
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -33,19 +34,22 @@ def relay_available() -> bool:
 
 
 class NostrRelayProcess:
-    """PyPI nostr-relay in a subprocess on 127.0.0.1; the storage survives :meth:`restart`."""
+    """PyPI nostr-relay in a subprocess on loopback (`host`: 127.0.0.1, or `::1` for
+    IPv6); the storage survives :meth:`restart`."""
 
     def __init__(
         self,
         directory: Path,
         *,
+        host: str = "127.0.0.1",
         port: int | None = None,
         auth: bool = False,
         max_event_size: int = 400_000,
     ) -> None:
         self.directory = directory = directory.resolve()  # the relay runs in its directory
         directory.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self.conf = directory / "nostr-relay.yaml"
         self.db = directory / "relay.sqlite3"
         self.log = directory / "relay.log"
@@ -61,12 +65,14 @@ class NostrRelayProcess:
             "    - nostr_relay.validators.is_signed",
             "    - nostr_relay.validators.is_recent",
             "gunicorn:",
-            f"  bind: 127.0.0.1:{self.port}",
+            # `--use-uvicorn` takes only the port from `bind`, the address from `host`
+            f"  bind: {json.dumps(self.netloc)}",  # quoted: `[::1]` would be a YAML list
+            f"  host: {json.dumps(host)}",
             "  workers: 1",
             "  loglevel: warning",
             "authentication:",
             f"  enabled: {'true' if auth else 'false'}",
-            f"  relay_urls: [{self.url}]",
+            f"  relay_urls: [{json.dumps(self.url)}]",
             "logging:",
             "  version: 1",
             "  root: {level: WARNING}",
@@ -74,8 +80,13 @@ class NostrRelayProcess:
         self.conf.write_text("\n".join(lines) + "\n")
 
     @property
+    def netloc(self) -> str:
+        """`host:port` as a URL writes it (`[::1]:6969`)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
+        return f"ws://{self.netloc}"
 
     def start(self, timeout: float = 30.0) -> None:
         exe = Path(sys.executable).parent / "nostr-relay"

@@ -51,6 +51,12 @@ class SimulatorBase(Generic[R]):
         """The bound port (valid after `start`)."""
         return self._port
 
+    @property
+    def netloc(self) -> str:
+        """`host:port` as a URL writes it: an IPv6 address in brackets, `[::1]:2197`."""
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{host}:{self._port}"
+
     def _init_recording(self, record: bool) -> None:
         self.record = record
         self.requests: list[R] = []
