@@ -9,6 +9,7 @@ system) after Spark read no row from it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -87,34 +88,56 @@ def parquet_schema_problem(
     return None
 
 
+# Footers read at once by `check_local_files`: each read waits on the disk (or the
+# network mount) for most of its time, with pyarrow's I/O outside the GIL.
+FOOTER_READERS = 8
+
+
 def check_local_files(
     uris: list[str], fields: Mapping[str, str], case_sensitive: bool
 ) -> tuple[dict[str, SkippedFile], set[str]]:
     """Local Parquet files that cannot be read as receipts (by display path), and the
-    valid ones that hold no row. Footers only, with pyarrow; ({}, set()) without it."""
+    valid ones that hold no row. Footers only, with pyarrow, `FOOTER_READERS` at a time
+    (tens of thousands of small files from nodes that roll often, on a cold disk or a
+    shared mount); ({}, set()) without pyarrow."""
     try:
         import pyarrow.parquet as pq
     except ImportError:  # the Spark-side check still catches what fails (module docstring)
         return {}, set()
-    skipped: dict[str, SkippedFile] = {}
-    empty: set[str] = set()
-    for uri in uris:
-        shown = display_path(uri)
+    known: list[tuple[Any, str | None]] = []  # (schema, problem): nodes write one schema
+
+    def problem_of(schema: Any) -> str | None:
+        for seen, problem in known:
+            if seen.equals(schema):
+                return problem
+        problem = parquet_schema_problem(schema, fields, case_sensitive)
+        if len(known) < 16:  # a few distinct schemas; never a scan of thousands
+            known.append((schema, problem))
+        return problem
+
+    def check(uri: str) -> SkippedFile | bool | None:
+        """Why the file is skipped, True for a valid file without rows, else None."""
         try:
             meta = pq.read_metadata(uri_path(uri))
         except FileNotFoundError:
-            continue  # rolled away since the listing: as `ignoreMissingFiles` has it
+            return None  # rolled away since the listing: as `ignoreMissingFiles` has it
         except PermissionError:
-            skipped[shown] = SkippedFile(uri, "not readable (permission denied): file skipped")
-            continue
+            return SkippedFile(uri, "not readable (permission denied): file skipped")
         except Exception:  # pyarrow's ArrowInvalid: not Parquet, or cut short
-            skipped[shown] = SkippedFile(uri, NOT_PARQUET)
-            continue
-        problem = parquet_schema_problem(meta.schema, fields, case_sensitive)
+            return SkippedFile(uri, NOT_PARQUET)
+        problem = problem_of(meta.schema)
         if problem:
-            skipped[shown] = SkippedFile(uri, f"{problem}: file skipped", max(1, meta.num_rows))
-        elif meta.num_rows == 0:
-            empty.add(shown)
+            return SkippedFile(uri, f"{problem}: file skipped", max(1, meta.num_rows))
+        return meta.num_rows == 0
+
+    skipped: dict[str, SkippedFile] = {}
+    empty: set[str] = set()
+    with ThreadPoolExecutor(FOOTER_READERS, thread_name_prefix="pushgw-footers") as pool:
+        for uri, found in zip(uris, pool.map(check, uris), strict=True):
+            if isinstance(found, SkippedFile):
+                skipped[display_path(uri)] = found
+            elif found:
+                empty.add(display_path(uri))
     return skipped, empty
 
 
