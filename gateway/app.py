@@ -28,6 +28,7 @@ from aiohttp import hdrs, web
 from pydantic import BaseModel
 
 from gateway.config import (
+    DEVELOPMENT_HMAC_KEY,
     ApnsAppConfig,
     ConfigError,
     CredentialError,
@@ -348,6 +349,14 @@ class running_core:
     async def __aenter__(self) -> LoadedGateway:
         gw = self.gateway
         settings = gw.settings
+        if settings.receipts.hmac_key.get_secret_value() == DEVELOPMENT_HMAC_KEY and first_worker():
+            # The default key is public: anyone holding a token finds its hash (receipts,
+            # dead-token files, plugins' tables), the linkage the key exists to prevent.
+            log.warning(
+                "receipts.hmac_key is not set: token hashes are made under the public "
+                "development key and link to tokens for anyone; set receipts.hmac_key_file "
+                "(docs/privacy.md)"
+            )
         store = gw.open_store()
         if self.migrate:
             await store.upgrade(gw.migration_dirs(), known=gw.known_migration_dirs())
@@ -383,10 +392,11 @@ class running_core:
         gw.runtime.dispatcher = dispatcher
         gw.runtime.receipts = self.writer
         self.flusher = asyncio.create_task(_flush_metrics(gw.runtime.metrics), name="metrics")
-        self.sweeper = asyncio.create_task(
-            sweep_invalid_tokens_forever(store, settings.store.invalid_tokens_retention),
-            name="invalid-tokens-sweep",
-        )
+        if first_worker():  # once per node: N workers would each delete the same rows
+            self.sweeper = asyncio.create_task(
+                sweep_invalid_tokens_forever(store, settings.store.invalid_tokens_retention),
+                name="invalid-tokens-sweep",
+            )
         return gw
 
     async def __aexit__(self, *exc: object) -> None:

@@ -676,6 +676,7 @@ class _Stdout:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status (docs/cli.md)."""
+    _own_metrics_directory()
     stdout = sys.stdout
     if stdout is not None:  # None when started with stdout closed: print() is a no-op
         sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
@@ -695,6 +696,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     finally:
         sys.stdout = stdout
+
+
+# prometheus-client's multi-process mode, chosen from these when it is first imported
+# (gateway.core.metrics would import it: named here as it spells them).
+_MULTIPROC_VARIABLES = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+
+def _own_metrics_directory() -> None:
+    """Drop a metrics directory inherited from the environment (a gunicorn habit), before
+    prometheus-client is imported. One process counts in memory; `serve --workers N` makes
+    a fresh directory of its own. An inherited one broke both: a directory that does not
+    exist was a traceback at start, and one that does was never emptied, so a previous
+    run's counts (or another program's) were added to this one's on /metrics."""
+    inherited = [name for name in _MULTIPROC_VARIABLES if name in os.environ]
+    for name in inherited:
+        del os.environ[name]
+    if inherited:
+        print(
+            f"pushgw: warning: {inherited[0]} ignored: pushgw keeps its own metrics "
+            "(in memory, or a fresh directory with --workers N)",
+            file=sys.stderr,
+        )
 
 
 def _run_command(argv: Sequence[str] | None) -> int:

@@ -60,6 +60,7 @@ from gateway.config.loading import (
 )
 from gateway.config.masking import MASK, mask_url, masked
 from gateway.config.sections import (
+    DEVELOPMENT_HMAC_KEY,
     SUPPORTED_DATABASES,
     CircuitBreakerConfig,
     DeliveryConfig,
@@ -76,6 +77,7 @@ from gateway.config.sections import (
 
 __all__ = [
     "CONFIG_ENV",
+    "DEVELOPMENT_HMAC_KEY",
     "ENV_PREFIX",
     "MASK",
     "SUPPORTED_DATABASES",

@@ -169,12 +169,16 @@ class DeliveryConfig(ConfigModel):
 
 ReceiptsFormat = Literal["jsonl", "parquet"]
 
+DEVELOPMENT_HMAC_KEY = "pushgw-local-development-key"
+"""`receipts.hmac_key` when none is set: public (it is in this file), so hashes made
+under it link to tokens for anyone who has the token; the core warns when it runs."""
+
 
 class ReceiptsConfig(ConfigModel):
     enabled: bool = True
     directory: HomePath = Path("var/receipts")
     hmac_key: SecretStr = Field(
-        SecretStr("pushgw-local-development-key"),
+        SecretStr(DEVELOPMENT_HMAC_KEY),
         description="Key of the token hash in receipts; set a secret in production",
     )
     roll_seconds: float = Field(3600.0, gt=0)

@@ -246,7 +246,7 @@ async def sweep_invalid_tokens(store: Store, older_than: float) -> int:
     Each record only says that a token's keyed hash was found dead (the plugin was told
     then, and the provider answers again if the token is ever used again): without this
     sweep `pushgw_invalid_tokens` grew by every dead token for as long as the gateway ran.
-    Idempotent, so every worker of every node may run it.
+    Idempotent, so every node may run it (the first of its workers does: `running_core`).
     """
     cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
     async with store.engine.begin() as conn:

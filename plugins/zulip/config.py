@@ -71,8 +71,12 @@ class ZulipConfig(ConfigModel):
     registration_liveness: int = Field(86400, gt=0)
     duplicate_window: float = Field(120.0, ge=0)
     gc_older_than: float = Field(30 * 86400.0, gt=0, description="Seconds (for `gc`)")
+    # Daily by default: without it, the tokens of expired registrations, deleted realms
+    # and deactivated servers stayed in clear for as long as nobody ran `pushgw zulip gc`.
     gc_interval: float | None = Field(
-        None, gt=0, description="Run garbage collection every N seconds (None: only by command)"
+        86400.0,
+        gt=0,
+        description="Run garbage collection at start and every N seconds (null: only by command)",
     )
 
     @field_validator("bouncer_keys", mode="before")

@@ -52,6 +52,10 @@ async def collect(engine: AsyncEngine, older_than: float, *, dry_run: bool = Fal
     return counts
 
 
+# Seconds before a failed periodic gc is tried again (at most `gc_interval`).
+GC_RETRY = 300.0
+
+
 class ZulipService:
     """Periodic garbage collection (when `gc_interval` is set) and a clean shutdown of sends."""
 
@@ -78,7 +82,8 @@ class ZulipService:
     async def _loop(self) -> None:
         assert self._interval is not None
         while True:
-            await asyncio.sleep(self._interval)
+            # At start too: a gateway restarted more often than the interval (deploys)
+            # would otherwise never collect.
             try:
                 counts = await collect(self._engine(), self._older_than)
                 self._failed = False
@@ -86,7 +91,18 @@ class ZulipService:
                     log.info("zulip gc: deleted %d registrations", counts.total)
             except Exception as exc:
                 self._failed = True
-                log.error("zulip gc failed: %s", type(exc).__name__)
+                log.error(
+                    "zulip gc failed: %s; trying again in %g s",
+                    type(exc).__name__,
+                    self._retry_in(),
+                )
+            await asyncio.sleep(self._retry_in() if self._failed else self._interval)
+
+    def _retry_in(self) -> float:
+        # A failed run (nodes and workers that start together collect at once: a lock
+        # timeout, a deadlock) is tried again soon, not a day later: the service is not
+        # ready meanwhile.
+        return min(self._interval or GC_RETRY, GC_RETRY)
 
     async def stop(self) -> None:
         if self._task is not None:

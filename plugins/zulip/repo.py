@@ -692,4 +692,12 @@ async def collect_garbage(conn: AsyncConnection, cutoff: datetime) -> GcCounts:
     legacy_gone = await _delete(conn, legacy_devices, legacy_devices.c.realm_id.in_(gone_realms))
     e2ee_dead = await _delete(conn, e2ee_devices, e2ee_devices.c.realm_id.in_(realms_of_dead))
     legacy_dead = await _delete(conn, legacy_devices, legacy_devices.c.server_id.in_(dead_servers))
+    # A deactivated server's row stays (its calls keep failing as deactivated), but its
+    # administrator's address is personal data nothing needs any more. Not counted: the
+    # counts are of registrations.
+    await conn.execute(
+        update(servers)
+        .where(servers.c.deactivated_at < cutoff, servers.c.contact_email != "")
+        .values(contact_email="")
+    )
     return GcCounts(e2ee_expired, e2ee_gone, legacy_gone, e2ee_dead, legacy_dead)
