@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import base64
 import html
 import io
 import math
+import os
+import shutil
+import tempfile
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -89,8 +93,33 @@ _LATENCY_STYLES: dict[str, dict[str, Any]] = {
 }
 
 
+def _writable_matplotlib_dir() -> None:
+    """Point matplotlib at a temporary directory of ours when its own is not writable.
+
+    Its config and font-cache directory is MPLCONFIGDIR, else ~/.config/matplotlib. With
+    an unset or read-only HOME (a hardened container) matplotlib makes a temporary one
+    itself, but warns twice per run; an operator silences that, and keeps the font cache
+    from one run to the next, by setting MPLCONFIGDIR (docs/spark.md).
+    """
+    if os.environ.get("MPLCONFIGDIR"):
+        return
+    home = os.path.expanduser("~")
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    if os.path.isabs(base):  # not "~/.config" when no home directory is known
+        try:
+            os.makedirs(os.path.join(base, "matplotlib"), exist_ok=True)
+            if os.access(os.path.join(base, "matplotlib"), os.W_OK):
+                return
+        except OSError:
+            pass
+    scratch = tempfile.mkdtemp(prefix="pushgw-matplotlib-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    os.environ["MPLCONFIGDIR"] = scratch
+
+
 def chart_png(hourly: list[dict[str, Any]]) -> bytes:
     """Three panels over time: volume (ok / failed), success rate, latency p50/p95/p99."""
+    _writable_matplotlib_dir()
     import matplotlib
 
     matplotlib.use("Agg")

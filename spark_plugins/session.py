@@ -13,9 +13,11 @@ an operator can act on; `python -m spark_plugins.javacheck` prints it for `make 
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -28,6 +30,12 @@ JAVA_HELP = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install "
     "openjdk-17-jre-headless`; macOS: `brew install openjdk@17`; or any Temurin 17+ "
     "build from https://adoptium.net) and put `java` on PATH or set JAVA_HOME."
+)
+NO_PASSWD_ENTRY = (
+    "user id {uid} has no entry in the user database (/etc/passwd), and Spark's Hadoop "
+    "file system code refuses to run without a user name: run as a user that has one, or "
+    "give it one with nss_wrapper (LD_PRELOAD=libnss_wrapper.so, NSS_WRAPPER_PASSWD, "
+    "NSS_WRAPPER_GROUP); HADOOP_USER_NAME and SPARK_USER are not enough"
 )
 PYSPARK_HELP = (
     "pyspark is not installed: install the Spark extra with `pip install 'pushgw[spark]'`."
@@ -111,9 +119,34 @@ def pyspark_problem() -> str | None:
     return None
 
 
+def user_problem() -> str | None:
+    """None when this process's user id has a passwd entry, else what to do.
+
+    Hadoop's login (run by every Spark file read or write) asks the JVM for the user's
+    name from the passwd entry and fails with "Invalid UID" without one: a container run
+    under an arbitrary user id (OpenShift, `runAsUser`) hits this.
+    """
+    try:
+        pwd.getpwuid(os.getuid())
+    except KeyError:
+        return NO_PASSWD_ENTRY.format(uid=os.getuid())
+    return None
+
+
+def temp_dir_problem() -> str | None:
+    """None when a temporary directory is writable (pyspark and the JVM need one)."""
+    try:
+        tempfile.gettempdir()
+    except OSError as exc:  # tempfile tried TMPDIR, TEMP, TMP, /tmp, /var/tmp, /usr/tmp, "."
+        reason = exc.strerror or type(exc).__name__
+        return f"no writable temporary directory ({reason}): set TMPDIR to one"
+    return None
+
+
 def spark_problem() -> str | None:
-    """Why a Spark job cannot run here (pyspark or Java missing), or None."""
-    return pyspark_problem() or java_problem()
+    """Why a Spark job cannot run here (pyspark or Java missing, or an environment the
+    driver JVM cannot start in: no passwd entry, no temporary directory), or None."""
+    return pyspark_problem() or java_problem() or user_problem() or temp_dir_problem()
 
 
 def under_spark_submit() -> bool:
@@ -143,9 +176,7 @@ def local_conf(cores: str = "*") -> dict[str, str]:
         "spark.sql.adaptive.enabled": "true",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.host": "127.0.0.1",
-        "spark.sql.warehouse.dir": os.path.join(
-            os.environ.get("TMPDIR", "/tmp"), "pushgw-spark-warehouse"
-        ),
+        "spark.sql.warehouse.dir": os.path.join(tempfile.gettempdir(), "pushgw-spark-warehouse"),
     }
 
 
@@ -161,6 +192,23 @@ def _utf8_jvm_locale() -> None:
     """
     if os.environ.get("LC_ALL") in ("C", "POSIX"):
         os.environ["LC_ALL"] = "C.UTF-8"
+
+
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+def driver_java_options(conf: Mapping[str, str]) -> str:
+    """The driver JVM's options: Python's temporary directory, then the operator's own.
+
+    Java ignores TMPDIR and writes into /tmp (Spark's scratch and block directories, the
+    native libraries of snappy and lz4), so on a read-only root file system a TMPDIR that
+    Python honours did not reach the JVM. A `-Djava.io.tmpdir` of the operator's comes
+    later on the command line and wins.
+    """
+    path = tempfile.gettempdir().replace("\\", "\\\\").replace('"', '\\"')
+    own = f'"-Djava.io.tmpdir={path}"'  # quoted: Spark splits the options at spaces
+    theirs = conf.get(DRIVER_JAVA_OPTIONS, "").strip()
+    return f"{own} {theirs}" if theirs else own
 
 
 def get_session(
@@ -190,10 +238,11 @@ def get_session(
             settings.update(local_conf())
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no hostname lookup warning
         settings["spark.master"] = master
-    if not under_spark_submit():  # the JVM is ours to start (spark-submit's is up already)
-        _utf8_jvm_locale()
     settings.update(SQL_CONF)
     settings.update(conf or {})
+    if not under_spark_submit():  # the JVM is ours to start (spark-submit's is up already)
+        _utf8_jvm_locale()
+        settings[DRIVER_JAVA_OPTIONS] = driver_java_options(settings)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
