@@ -18,6 +18,11 @@ exits before SIGTERM or SIGINT came to the parent (it could not listen, a plugin
 service failed to start, it crashed) stops the others, and `serve` exits non-zero.
 After SIGTERM or SIGINT, a worker that has not stopped within the grace period (a
 plugin's `stop()` that never returns) is killed, and `serve` exits non-zero too.
+
+Signals (docs/cli.md): SIGTERM, SIGINT and SIGQUIT stop the gateway gracefully; SIGHUP,
+SIGUSR1 and SIGUSR2 are logged and ignored (their default action would end the process
+without a drain, losing what it had accepted). A worker whose parent dies, however it
+dies, stops gracefully too (Linux), rather than serve on as an orphan holding the port.
 """
 
 from __future__ import annotations
@@ -51,6 +56,16 @@ SIMULATOR_READY_FILE = "ready.json"
 BACKLOG = 128  # aiohttp's default
 EXIT_WORKER_FAILED = 1  # a worker exited 0 or was killed while the gateway ran, or hung
 STOP_GRACE = 10.0  # seconds beyond a worker's own shutdown deadlines before SIGKILL
+# A graceful stop: systemd and Docker send SIGTERM, a terminal SIGINT (Ctrl-C) or SIGQUIT
+# (Ctrl-\), and some images' STOPSIGNAL is SIGQUIT.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+# Sent to ask for a reload (logrotate, `systemctl reload`) or by habit: the gateway has
+# nothing to reload (its logs go to stderr, its receipt files roll by themselves).
+IGNORED_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+IGNORED_WHY = (
+    "ignored: pushgw reloads nothing while it runs (restart it to apply a new configuration)"
+)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class ServeError(Exception):
@@ -66,6 +81,7 @@ def serve(
     workers: int | None,
     with_simulators: Path | None = None,
 ) -> int:
+    _early_signals()
     if with_simulators is None:
         return _serve(config, data, host, port, workers)
     # Until the gateway handles SIGTERM itself (run_app, or the workers' parent), its
@@ -81,6 +97,34 @@ def serve(
 
 def _exit_on_sigterm(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)  # the status a shell reports for a process it ended
+
+
+def _early_signals() -> None:
+    """Until the gateway handles its signals (`_run_loaded`, the workers' parent):
+    SIGHUP, SIGUSR1 and SIGUSR2 are a line each, and SIGQUIT is SIGTERM. Its default
+    action would dump core: a file of the process's memory, keys included."""
+    for signum in IGNORED_SIGNALS:
+        signal.signal(signum, _say_ignored)
+    signal.signal(signal.SIGQUIT, _quit_as_term)
+
+
+def _quit_as_term(_signum: int, _frame: Any) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # whatever SIGTERM does now (ends, or unwinds)
+
+
+def _say_ignored(signum: int, _frame: Any) -> None:
+    # os.write, not print(): a handler that interrupts a print() to stderr must not
+    # write into the same buffer.
+    line = f"pushgw: warning: {_signal_name(signum)} {IGNORED_WHY}\n"
+    with contextlib.suppress(OSError):
+        os.write(2, line.encode())
+
+
+def _tell(line: str) -> None:
+    """One line on stderr. A stderr whose reader has gone (`pushgw serve 2>&1 | head -1`,
+    a log collector restarting) must not stop the gateway, nor its parent's supervision."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _serve(
@@ -144,7 +188,7 @@ def _serve(
         ctx.Process(
             target=_run_worker,
             args=(config, data, host, port, i),
-            kwargs={"migrated": True},  # done above, once
+            kwargs={"migrated": True, "parent": os.getpid()},  # migrated above, once
             name=f"pushgw-{i}",
         )
         for i in range(workers)
@@ -162,8 +206,8 @@ def _serve(
                     os.kill(proc.pid, signum)
 
     # Before the workers start: a signal while they start stops those started so far.
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, forward)
     try:
         with _signal_wakeup() as wakeup:
             for proc in procs:
@@ -216,7 +260,7 @@ def _supervise(
 ) -> int:
     """Wait for the workers to exit; the exit status of `pushgw serve`.
 
-    A worker that exits while the gateway is not `stopping` (no SIGTERM or SIGINT came)
+    A worker that exits while the gateway is not `stopping` (no stop signal came)
     ends the gateway: it is named in one line, the others are stopped (`_stop`), and the
     status is that worker's (1 when it exited 0 or was killed by a signal). Once it is
     `stopping` (seen at once when the stop signal makes `wakeup` readable), the workers
@@ -242,11 +286,7 @@ def _supervise(
             else:
                 how = f"exited with status {code}"
             index = procs.index(proc)  # procs are the workers started, in order
-            print(
-                f"pushgw: error: worker {index} (pid {proc.pid}) {how}: stopping the gateway",
-                file=sys.stderr,
-                flush=True,
-            )
+            _tell(f"pushgw: error: worker {index} (pid {proc.pid}) {how}: stopping the gateway")
             _stop(list(running.values()), grace)
             return code if code > 0 else EXIT_WORKER_FAILED
     # The stop signal was forwarded to the workers: each should end within its own
@@ -254,11 +294,9 @@ def _supervise(
     # gateway running for ever; those are killed, and count as killed by SIGKILL (1).
     if late := _reap_until(running.values(), time.monotonic() + grace):
         names = ", ".join(f"worker {procs.index(proc)} (pid {proc.pid})" for proc in late)
-        print(
+        _tell(
             f"pushgw: error: {names} did not stop within {grace:g} seconds "
-            f"of the stop signal: killed {'it' if len(late) == 1 else 'them'} (SIGKILL)",
-            file=sys.stderr,
-            flush=True,
+            f"of the stop signal: killed {'it' if len(late) == 1 else 'them'} (SIGKILL)"
         )
         _kill(late)
     return max((_stopped_status(proc.exitcode) for proc in procs), default=0)
@@ -276,7 +314,7 @@ def _stopped_status(exitcode: int | None) -> int:
     if not exitcode:
         return 0
     if exitcode < 0:  # killed before it could handle the forwarded signal: a clean stop too
-        return 0 if -exitcode in (signal.SIGTERM, signal.SIGINT) else EXIT_WORKER_FAILED
+        return 0 if -exitcode in STOP_SIGNALS else EXIT_WORKER_FAILED
     return exitcode
 
 
@@ -441,12 +479,17 @@ def _run_worker(
     index: int = 0,
     *,
     migrated: bool = False,
+    parent: int | None = None,
 ) -> None:
     """One of `--workers N`: its errors are one line each, as `pushgw serve`'s own.
 
     `migrated`: the parent migrated the database (or checked it): don't, whatever
-    `store.auto_upgrade` says.
+    `store.auto_upgrade` says. `parent`: the pid of the `serve` process that started
+    this worker (None when run in-process, by tests): the worker's signals are set up.
     """
+    if parent is not None:
+        _early_signals()
+        _stop_with_parent(parent)
     try:
         _start_worker(config, data, host, port, index, migrated=migrated)
     except KeyboardInterrupt:
@@ -455,6 +498,28 @@ def _run_worker(
         # does, for the parent to count a clean stop; not a traceback and status 1.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def _stop_with_parent(parent: int) -> None:
+    """SIGTERM this worker when its parent dies (Linux's PR_SET_PDEATHSIG).
+
+    A parent killed outright (the OOM killer, `kill -9`, a supervisor that kills the
+    main process only) forwards nothing: its workers would serve on as orphans, holding
+    the port the restarted gateway needs and the receipts they accepted. Elsewhere
+    nothing is set up: stop the whole process group there.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # no prctl (a libc without it): as elsewhere
+        return
+    if os.getppid() != parent:  # it died before prctl took effect: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _start_worker(
@@ -505,7 +570,7 @@ def _without_auto_upgrade(loaded: LoadedGateway) -> None:
 def _run_loaded(
     loaded: LoadedGateway, socks: list[socket.socket], held: Sequence[socket.socket] = ()
 ) -> None:
-    """Run the gateway on `socks` until SIGTERM or SIGINT; `held` (`_hold_metrics_port`)
+    """Run the gateway on `socks` until a stop signal (STOP_SIGNALS); `held` (`_hold_metrics_port`)
     is closed once the application has started, its metrics site listening."""
     from aiohttp import web
 
@@ -541,8 +606,10 @@ def _run_loaded(
             stopping = True
             raise web.GracefulExit()
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop)
+    for signum in IGNORED_SIGNALS:
+        loop.add_signal_handler(signum, _log_ignored, signum)
     web.run_app(
         app,
         loop=loop,
@@ -554,8 +621,12 @@ def _run_loaded(
         keepalive_timeout=settings.server.keepalive_timeout,
         access_log=logging.getLogger("aiohttp.access") if settings.logging.access_log else None,
         access_log_class=logs.RouteAccessLogger,  # never the path or query: they may hold tokens
-        print=lambda msg: print(f"{where}: {msg}", file=sys.stderr, flush=True),
+        print=lambda msg: _tell(f"{where}: {msg}"),
     )
+
+
+def _log_ignored(signum: int) -> None:
+    logging.getLogger("pushgw").warning("%s %s", _signal_name(signum), IGNORED_WHY)
 
 
 def _start_simulators(state_dir: Path) -> subprocess.Popen[bytes]:
