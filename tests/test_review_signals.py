@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import socket
 import sys
@@ -23,6 +22,7 @@ import yaml
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
+from tests.serve_stderr import finish, read_until, running_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "cd" * 32
@@ -72,28 +72,6 @@ async def _spawn(config: Path, stderr: int) -> asyncio.subprocess.Process:
     )
 
 
-async def _read_until(proc: asyncio.subprocess.Process, seen: list[str], pattern: str) -> str:
-    """Read stderr lines into `seen` until one matches `pattern`; that line."""
-    assert proc.stderr is not None
-    # Bounded: a process killed by the signal under test may leave workers holding stderr.
-    while line := (await asyncio.wait_for(proc.stderr.readline(), 120)).decode():
-        seen.append(line)
-        if re.search(pattern, line):
-            return line
-    raise AssertionError(f"stderr ended before {pattern!r}: " + "".join(seen))
-
-
-async def _running(proc: asyncio.subprocess.Process, seen: list[str], workers: int) -> list[int]:
-    """The pids of the processes serving, from their `Running on` lines."""
-    pids = []
-    for _ in range(workers):
-        line = await _read_until(proc, seen, r"Running on")
-        match = re.search(r"pushgw (\d+) \(", line)
-        assert match, line
-        pids.append(int(match.group(1)))
-    return pids
-
-
 async def _notify(port: int, n: int) -> int:
     body = {
         "notification": {
@@ -108,17 +86,6 @@ async def _notify(port: int, n: int) -> int:
         session.post(f"http://127.0.0.1:{port}/_matrix/push/v1/notify", json=body) as response,
     ):
         return response.status
-
-
-async def _finish(proc: asyncio.subprocess.Process, seen: list[str]) -> int:
-    """The rest of stderr into `seen`, and the exit status: an AssertionError, not a hung
-    test, when the process (or a worker holding its stderr) does not end."""
-    assert proc.stderr is not None
-    try:
-        seen.append((await asyncio.wait_for(proc.stderr.read(), 120)).decode())
-        return await asyncio.wait_for(proc.wait(), 120)
-    except TimeoutError:
-        raise AssertionError("pushgw serve did not end: " + "".join(seen)) from None
 
 
 async def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
@@ -174,16 +141,16 @@ async def test_sighup_and_sigusr_are_ignored_with_a_line_and_nothing_is_lost(
         proc = await _spawn(_config(tmp_path, apns, port, workers), asyncio.subprocess.PIPE)
         seen: list[str] = []
         try:
-            pids = await _running(proc, seen, workers)
+            pids = await running_pids(proc, seen, workers)
             assert await _notify(port, 0) == 200
             for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):
                 targets = [proc.pid] if workers == 1 else [proc.pid, *pids]
                 for pid in targets:
                     os.kill(pid, getattr(signal, name))
-                    await _read_until(proc, seen, rf"{name} ignored")
+                    await read_until(proc, seen, rf"{name} ignored")
             assert await _notify(port, 1) == 200
             proc.send_signal(signal.SIGTERM)
-            status = await _finish(proc, seen)
+            status = await finish(proc, seen)
         finally:
             _kill_group(proc)
             await proc.wait()
@@ -206,10 +173,10 @@ async def test_sigquit_stops_the_gateway_gracefully(tmp_path: Path, workers: int
         proc = await _spawn(_config(tmp_path, apns, port, workers), asyncio.subprocess.PIPE)
         seen: list[str] = []
         try:
-            pids = await _running(proc, seen, workers)
+            pids = await running_pids(proc, seen, workers)
             assert await _notify(port, 0) == 200
             proc.send_signal(signal.SIGQUIT)
-            status = await _finish(proc, seen)
+            status = await finish(proc, seen)
             await _wait_for(lambda: all(_gone(pid) for pid in pids), "the workers to exit")
         finally:
             _kill_group(proc)
@@ -234,7 +201,7 @@ async def test_workers_stop_gracefully_when_their_parent_is_killed(tmp_path: Pat
         proc = await _spawn(_config(tmp_path, apns, port, 2), asyncio.subprocess.PIPE)
         seen: list[str] = []
         try:
-            pids = await _running(proc, seen, 2)
+            pids = await running_pids(proc, seen, 2)
             assert await _notify(port, 0) == 200
             proc.send_signal(signal.SIGKILL)
             await _wait_for(lambda: _gone(proc.pid), "the parent to die")

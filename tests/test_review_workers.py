@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
+from tests.serve_stderr import finish, running_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "ef" * 32
@@ -97,37 +98,6 @@ async def _spawn(config: Path, env: dict[str, str] | None = None) -> asyncio.sub
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # its own group: killed whole at the end of a test
     )
-
-
-async def _read_until(proc: asyncio.subprocess.Process, seen: list[str], pattern: str) -> str:
-    """Read stderr lines into `seen` until one matches `pattern`; that line."""
-    assert proc.stderr is not None
-    while line := (await asyncio.wait_for(proc.stderr.readline(), WAIT)).decode():
-        seen.append(line)
-        if re.search(pattern, line):
-            return line
-    raise AssertionError(f"stderr ended before {pattern!r}: " + "".join(seen))
-
-
-async def _running(proc: asyncio.subprocess.Process, seen: list[str], workers: int) -> list[int]:
-    """The pids of the processes serving, in the order they listen (`Running on` lines)."""
-    pids = []
-    for _ in range(workers):
-        line = await _read_until(proc, seen, r"Running on")
-        match = re.search(r"pushgw (\d+) \(", line)
-        assert match, line
-        pids.append(int(match.group(1)))
-    return pids
-
-
-async def _finish(proc: asyncio.subprocess.Process, seen: list[str]) -> int:
-    """The rest of stderr into `seen`, and the exit status."""
-    assert proc.stderr is not None
-    try:
-        seen.append((await asyncio.wait_for(proc.stderr.read(), 120)).decode())
-        return await asyncio.wait_for(proc.wait(), 120)
-    except TimeoutError:
-        raise AssertionError("pushgw serve did not end: " + "".join(seen)) from None
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -225,7 +195,7 @@ async def test_every_worker_delivers_metrics_add_up_and_sigterm_drains_them_all(
         proc = await _spawn(config)
         seen: list[str] = []
         try:
-            pids = await _running(proc, seen, 2)
+            pids = await running_pids(proc, seen, 2)
             sent = await _push_until_every_worker_wrote(port, receipts, pids)
             assert apns.request_count == sent
 
@@ -240,7 +210,7 @@ async def test_every_worker_delivers_metrics_add_up_and_sigterm_drains_them_all(
             assert _total(text, "pushgw_provider_requests_total") == sent
             assert 'pid="' not in text  # every family one series per label set, not per worker
             proc.send_signal(signal.SIGTERM)
-            status = await _finish(proc, seen)
+            status = await finish(proc, seen)
             assert all(_gone(pid) for pid in pids)
         finally:
             _kill_group(proc)
@@ -268,7 +238,7 @@ async def test_a_worker_killed_outright_stops_the_gateway_with_one_line(tmp_path
         proc = await _spawn(_config(tmp_path, apns, workers=2, port=port))
         seen: list[str] = []
         try:
-            pids = await _running(proc, seen, 2)
+            pids = await running_pids(proc, seen, 2)
             sent = await _push_until_every_worker_wrote(port, receipts, pids)
 
             async def all_written() -> bool:
@@ -281,7 +251,7 @@ async def test_a_worker_killed_outright_stops_the_gateway_with_one_line(tmp_path
 
             await _wait_for(all_written, f"{sent} receipts in the workers' open files")
             os.kill(pids[1], signal.SIGKILL)
-            status = await _finish(proc, seen)
+            status = await finish(proc, seen)
             assert _gone(pids[0])
         finally:
             _kill_group(proc)
@@ -331,11 +301,11 @@ async def test_an_inherited_multiprocess_directory_is_ignored(
         proc = await _spawn(config, _env(PROMETHEUS_MULTIPROC_DIR=str(multiproc)))
         seen: list[str] = []
         try:
-            await _running(proc, seen, 1)
+            await running_pids(proc, seen, 1)
             assert await _notify(port, 0) == 200
             text = await _scrape(metrics_port)
             proc.send_signal(signal.SIGTERM)
-            status = await _finish(proc, seen)
+            status = await finish(proc, seen)
         finally:
             _kill_group(proc)
             await proc.wait()
@@ -388,7 +358,7 @@ async def test_the_invalid_token_sweep_runs_once_per_node(
             proc = await _spawn(config)
             seen: list[str] = []
             try:
-                pids = await _running(proc, seen, 2)
+                pids = await running_pids(proc, seen, 2)
 
                 async def swept() -> bool:
                     return await sweeps() >= 1
@@ -397,7 +367,7 @@ async def test_the_invalid_token_sweep_runs_once_per_node(
                 # Each worker has delivered: both cores (and, before, both sweepers) ran.
                 await _push_until_every_worker_wrote(port, tmp_path / "receipts", pids)
                 proc.send_signal(signal.SIGTERM)
-                status = await _finish(proc, seen)
+                status = await finish(proc, seen)
             finally:
                 _kill_group(proc)
                 await proc.wait()

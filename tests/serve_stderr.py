@@ -1,0 +1,44 @@
+"""Reading a `pushgw serve` subprocess's stderr: shared by the tests that run it whole."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+# Seconds a test waits for a line or for the process to end before failing: bounded, as
+# a process killed by the signal under test may leave workers holding its stderr.
+WAIT = 120.0
+
+
+async def read_until(proc: asyncio.subprocess.Process, seen: list[str], pattern: str) -> str:
+    """Read stderr lines into `seen` until one matches `pattern`; that line."""
+    assert proc.stderr is not None
+    while line := (await asyncio.wait_for(proc.stderr.readline(), WAIT)).decode():
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"stderr ended before {pattern!r}: " + "".join(seen))
+
+
+async def running_pids(
+    proc: asyncio.subprocess.Process, seen: list[str], workers: int
+) -> list[int]:
+    """The pids of the processes serving, in the order they listen (`Running on` lines)."""
+    pids = []
+    for _ in range(workers):
+        line = await read_until(proc, seen, r"Running on")
+        match = re.search(r"pushgw (\d+) \(", line)
+        assert match, line
+        pids.append(int(match.group(1)))
+    return pids
+
+
+async def finish(proc: asyncio.subprocess.Process, seen: list[str]) -> int:
+    """The rest of stderr into `seen`, and the exit status: an AssertionError, not a hung
+    test, when the process (or a worker holding its stderr) does not end."""
+    assert proc.stderr is not None
+    try:
+        seen.append((await asyncio.wait_for(proc.stderr.read(), WAIT)).decode())
+        return await asyncio.wait_for(proc.wait(), WAIT)
+    except TimeoutError:
+        raise AssertionError("pushgw serve did not end: " + "".join(seen)) from None
