@@ -22,7 +22,7 @@ import yaml
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
-from tests.serve_stderr import finish, read_until, running_pids
+from tests.serve_process import finish, gone, read_until, running_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "cd" * 32
@@ -97,15 +97,6 @@ async def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 6
         await asyncio.sleep(0.02)
 
 
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie its new parent has not reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def _listening(port: int) -> bool:
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
@@ -177,7 +168,7 @@ async def test_sigquit_stops_the_gateway_gracefully(tmp_path: Path, workers: int
             assert await _notify(port, 0) == 200
             proc.send_signal(signal.SIGQUIT)
             status = await finish(proc, seen)
-            await _wait_for(lambda: all(_gone(pid) for pid in pids), "the workers to exit")
+            await _wait_for(lambda: all(gone(pid) for pid in pids), "the workers to exit")
         finally:
             _kill_group(proc)
             await proc.wait()
@@ -204,8 +195,8 @@ async def test_workers_stop_gracefully_when_their_parent_is_killed(tmp_path: Pat
             pids = await running_pids(proc, seen, 2)
             assert await _notify(port, 0) == 200
             proc.send_signal(signal.SIGKILL)
-            await _wait_for(lambda: _gone(proc.pid), "the parent to die")
-            await _wait_for(lambda: all(_gone(pid) for pid in pids), "the orphaned workers to exit")
+            await _wait_for(lambda: gone(proc.pid), "the parent to die")
+            await _wait_for(lambda: all(gone(pid) for pid in pids), "the orphaned workers to exit")
             assert not _listening(port)
         finally:
             _kill_group(proc)

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
-from tests.serve_stderr import finish, running_pids
+from tests.serve_process import finish, gone, running_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "ef" * 32
@@ -112,15 +112,6 @@ async def _wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
-
-
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie not reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 async def _notify(port: int, n: int) -> int:
@@ -211,7 +202,7 @@ async def test_every_worker_delivers_metrics_add_up_and_sigterm_drains_them_all(
             assert 'pid="' not in text  # every family one series per label set, not per worker
             proc.send_signal(signal.SIGTERM)
             status = await finish(proc, seen)
-            assert all(_gone(pid) for pid in pids)
+            assert all(gone(pid) for pid in pids)
         finally:
             _kill_group(proc)
             await proc.wait()
@@ -252,7 +243,7 @@ async def test_a_worker_killed_outright_stops_the_gateway_with_one_line(tmp_path
             await _wait_for(all_written, f"{sent} receipts in the workers' open files")
             os.kill(pids[1], signal.SIGKILL)
             status = await finish(proc, seen)
-            assert _gone(pids[0])
+            assert gone(pids[0])
         finally:
             _kill_group(proc)
             await proc.wait()

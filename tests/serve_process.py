@@ -1,9 +1,10 @@
-"""Reading a `pushgw serve` subprocess's stderr: shared by the tests that run it whole."""
+"""A `pushgw serve` subprocess: its stderr and its processes, for the tests that run it whole."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 # Seconds a test waits for a line or for the process to end before failing: bounded, as
 # a process killed by the signal under test may leave workers holding its stderr.
@@ -42,3 +43,12 @@ async def finish(proc: asyncio.subprocess.Process, seen: list[str]) -> int:
         return await asyncio.wait_for(proc.wait(), WAIT)
     except TimeoutError:
         raise AssertionError("pushgw serve did not end: " + "".join(seen)) from None
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its new parent has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
