@@ -4,11 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Seconds a test waits for a line or for the process to end before failing: bounded, as
 # a process killed by the signal under test may leave workers holding its stderr.
 WAIT = 120.0
+
+
+async def spawn_serve(
+    config: Path, env: dict[str, str], stderr: int = asyncio.subprocess.PIPE
+) -> asyncio.subprocess.Process:
+    """`pushgw serve --config CONFIG` in a session (process group) of its own: the
+    test's signals reach it alone, and the whole group can be killed at the end."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--config",
+        str(config),
+        cwd=ROOT,
+        env=env,
+        stderr=stderr,
+        start_new_session=True,
+    )
 
 
 async def read_until(proc: asyncio.subprocess.Process, seen: list[str], pattern: str) -> str:

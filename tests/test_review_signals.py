@@ -9,7 +9,6 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ import yaml
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
-from tests.serve_process import finish, gone, read_until, running_pids
+from tests.serve_process import finish, gone, read_until, running_pids, spawn_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "cd" * 32
@@ -58,18 +57,7 @@ def _config(tmp_path: Path, apns: ApnsSimulator, port: int, workers: int) -> Pat
 async def _spawn(config: Path, stderr: int) -> asyncio.subprocess.Process:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PUSHGW_CONFIG", None)
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        cwd=ROOT,
-        env=env,
-        stderr=stderr,
-        start_new_session=True,  # its own group: a terminal's signals are the test's to send
-    )
+    return await spawn_serve(config, env, stderr)
 
 
 async def _notify(port: int, n: int) -> int:

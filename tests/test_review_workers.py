@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
-from tests.serve_process import finish, gone, running_pids
+from tests.serve_process import finish, gone, running_pids, spawn_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "ef" * 32
@@ -86,18 +86,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 async def _spawn(config: Path, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        cwd=ROOT,
-        env=env or _env(),
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,  # its own group: killed whole at the end of a test
-    )
+    return await spawn_serve(config, env or _env())
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
