@@ -167,6 +167,8 @@ def classify_apns(
 
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
+QUOTA_FAILURE_TYPE = "type.googleapis.com/google.rpc.QuotaFailure"
+RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo"
 
 # errorCode (or canonical status) → (outcome, credential_wide). INVALID_ARGUMENT is decided
 # by `_invalid_argument`; NOT_FOUND without an FCM code is a wrong URL/project, not a token.
@@ -200,6 +202,70 @@ def _fcm_http(status: int) -> tuple[Outcome, bool]:
     if status >= 500 or status < 400:
         return Outcome.TRANSIENT, False
     return Outcome.PERMANENT, False
+
+
+# FCM's QUOTA_EXCEEDED covers three limits (its ErrorCode reference): the project's message
+# rate, one device's message rate and one topic's. Only the first is the whole app's; the
+# body tells them apart in its message and its `google.rpc.QuotaFailure` violations.
+# Words, camelCase and snake_case split: "device" in "DeviceMessagesPerMinute",
+# "device_messages" and "Device message rate exceeded.", never in "developer".
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+_DEVICE_WORDS = frozenset({"device", "devices"})
+_VIOLATION_FIELDS = ("subject", "description", "quotaMetric", "quotaId")
+# protobuf JSON Duration, as `google.rpc.RetryInfo.retryDelay` carries it: "30s", "1.5s"
+_DURATION = re.compile(r"(\d{1,9}(?:\.\d{1,9})?)s")
+
+
+def _names_a_device(*texts: object) -> bool:
+    return any(
+        word.lower() in _DEVICE_WORDS
+        for text in texts
+        if isinstance(text, str)
+        for word in _WORD.findall(text)
+    )
+
+
+def _device_quota(message: str, details: list[Any]) -> bool:
+    """True when a 429 says it is one device's message rate that was exceeded (FCM: retry
+    that push with backoff), False for the project's rate or when the body does not say
+    (the safe reading: close the app's gate).
+
+    With `QuotaFailure` violations, every one of them must name a device (in its
+    subject, description, quota metric or quota id: a body that also reports another
+    limit is the project's); without any, the error message must.
+    """
+    violations = [
+        violation
+        for detail in details
+        if detail.get("@type") == QUOTA_FAILURE_TYPE and isinstance(detail.get("violations"), list)
+        for violation in detail["violations"]
+        if isinstance(violation, Mapping)
+    ]
+    if violations:
+        return all(
+            _names_a_device(*(violation.get(key) for key in _VIOLATION_FIELDS))
+            for violation in violations
+        )
+    return _names_a_device(message)
+
+
+def _retry_info(details: list[Any]) -> float | None:
+    """Seconds from a `google.rpc.RetryInfo` detail's `retryDelay`, None without one."""
+    for detail in details:
+        if detail.get("@type") != RETRY_INFO_TYPE:
+            continue
+        delay = detail.get("retryDelay")
+        if isinstance(delay, str) and (match := _DURATION.fullmatch(delay.strip())):
+            return float(match.group(1))
+        if isinstance(delay, Mapping):  # the proto's own shape: {"seconds": .., "nanos": ..}
+            seconds, nanos = delay.get("seconds", 0), delay.get("nanos", 0)
+            try:
+                value = float(seconds) + float(nanos) / 1e9
+            except (TypeError, ValueError):
+                continue
+            if 0 <= value < 1e9:
+                return value
+    return None
 
 
 def _invalid_argument(message: str, details: list[Any]) -> Outcome:
@@ -261,6 +327,9 @@ def classify_fcm(
 ) -> Attempt:
     """Classify one FCM HTTP v1 answer: errorCode first, then the canonical status, then HTTP.
 
+    A 429 closes the app's gate (`credential_wide`) unless its body says it was one
+    device's message rate (`_device_quota`). Without a `Retry-After` header
+    (`retry_after`), a `google.rpc.RetryInfo` detail gives the delay.
     `token` is only used to scrub it from the provider message kept in `detail`.
     """
     if status == 200:
@@ -289,6 +358,10 @@ def classify_fcm(
             break
     if outcome is None:
         outcome, credential_wide = _fcm_http(status)
+    if credential_wide and _device_quota(message, details):
+        credential_wide = False  # one device's rate: this push backs off, the app's gate stays open
+    if retry_after is None and outcome in (Outcome.THROTTLED, Outcome.TRANSIENT):
+        retry_after = _retry_info(details)  # the header wins; Google's detail otherwise
 
     reason = code or canonical
     if message:

@@ -60,6 +60,7 @@ __all__ = [
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
 QUOTA_FAILURE_TYPE = "type.googleapis.com/google.rpc.QuotaFailure"
+RETRY_INFO_TYPE = "type.googleapis.com/google.rpc.RetryInfo"
 ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
 GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
@@ -221,22 +222,39 @@ class FcmResponse:
 
     @classmethod
     def quota_exceeded(
-        cls, *, retry_after: int | float | str | None = None, delay: float = 0.0
+        cls,
+        *,
+        retry_after: int | float | str | None = None,
+        delay: float = 0.0,
+        scope: Literal["project", "device", "topic"] | None = "project",
+        retry_delay: str | None = None,
     ) -> FcmResponse:
-        """429 RESOURCE_EXHAUSTED / QUOTA_EXCEEDED with a QuotaFailure detail."""
-        description = (
-            "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute'."
-        )
-        quota = {
-            "@type": QUOTA_FAILURE_TYPE,
-            "violations": [{"subject": "project", "description": description}],
-        }
+        """429 RESOURCE_EXHAUSTED / QUOTA_EXCEEDED with a QuotaFailure detail naming the
+        limit that was exceeded: the project's message rate (`scope="project"`), one
+        device's (`"device"`) or one topic's (`"topic"`; FCM's own words for it);
+        `scope=None` sends no QuotaFailure and a message that does not say.
+        `retry_delay` adds a `google.rpc.RetryInfo` detail (`"30s"`)."""
+        description = {
+            "project": (
+                "Quota exceeded for quota metric 'Send requests' and limit "
+                "'Send requests per minute'."
+            ),
+            "device": "Device message rate exceeded.",
+            "topic": "Topic quota exceeded.",
+            None: "Sending limit exceeded for the message target.",
+        }[scope]
+        details: list[Mapping[str, Any]] = []
+        if scope is not None:
+            violation = {"subject": scope, "description": description}
+            details.append({"@type": QUOTA_FAILURE_TYPE, "violations": [violation]})
+        if retry_delay is not None:
+            details.append({"@type": RETRY_INFO_TYPE, "retryDelay": retry_delay})
         return cls(
             429,
             "RESOURCE_EXHAUSTED",
             description,
             "QUOTA_EXCEEDED",
-            (quota,),
+            tuple(details),
             retry_after=retry_after,
             delay=delay,
         )
