@@ -43,12 +43,18 @@ def convert(source: Path, target: Path) -> int:
     Returns the number of lines left out because they are not JSON (a line cut short by
     a crash). A record that parses but does not fit the schema raises: such a file is
     not the writer's, and it is better kept as JSON Lines than half converted.
+
+    A line Arrow's 1 MiB blocks cannot hold (it refuses one straddling more than two:
+    a provider's long error text in `reason`, say) is read too: the second pass, which
+    has each line, sizes the block to the longest. One such receipt kept its whole file
+    (an hour's receipts) JSON Lines.
     """
     try:
         table, skipped = _read_json(str(source)), 0
     except pa.ArrowInvalid:
-        data, skipped = _parsable_lines(source)
-        table = _read_json(pa.BufferReader(data)) if data else SCHEMA.empty_table()
+        data, skipped, longest = _parsable_lines(source)
+        block = max(_BLOCK_SIZE, longest + 1)
+        table = _read_json(pa.BufferReader(data), block) if data else SCHEMA.empty_table()
     pq.write_table(table.cast(SCHEMA), target, compression="snappy")
     return skipped
 
@@ -96,22 +102,26 @@ def _finite(table: pa.Table) -> pa.Table:
     return table
 
 
-def _read_json(source: str | pa.NativeFile) -> pa.Table:
+_BLOCK_SIZE = pa_json.ReadOptions().block_size  # Arrow's default, 1 MiB
+
+
+def _read_json(source: str | pa.NativeFile, block_size: int = _BLOCK_SIZE) -> pa.Table:
     # Arrow's parser releases the GIL, so the event loop keeps running meanwhile; one
-    # thread leaves the other cores to the gateway.
+    # thread leaves the other cores to the gateway. A record must fit in one block.
     return pa_json.read_json(
         source,
-        read_options=pa_json.ReadOptions(use_threads=False),
+        read_options=pa_json.ReadOptions(use_threads=False, block_size=block_size),
         parse_options=pa_json.ParseOptions(
             explicit_schema=SCHEMA, unexpected_field_behavior="ignore"
         ),
     )
 
 
-def _parsable_lines(source: Path) -> tuple[bytes, int]:
-    """The lines of `source` that are JSON objects, and how many others were dropped."""
+def _parsable_lines(source: Path) -> tuple[bytes, int, int]:
+    """The lines of `source` that are JSON objects, how many others were dropped, and
+    the length of the longest line kept (its newline included)."""
     kept: list[bytes] = []
-    skipped = 0
+    skipped = longest = 0
     with source.open("rb") as lines:
         for line in lines:
             if not line.strip():
@@ -122,6 +132,7 @@ def _parsable_lines(source: Path) -> tuple[bytes, int]:
                 ok = False
             if ok:
                 kept.append(line if line.endswith(b"\n") else line + b"\n")
+                longest = max(longest, len(kept[-1]))
             else:
                 skipped += 1
-    return b"".join(kept), skipped
+    return b"".join(kept), skipped, longest
