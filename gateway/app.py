@@ -544,7 +544,9 @@ async def _metrics_server_ctx(app: web.Application) -> AsyncIterator[None]:
     server = gateway.settings.server
     assert server.metrics_port is not None  # this context runs only when it is set
     try:
-        socks = listen(server.host, server.metrics_port, reuse_port=True, what="/metrics")
+        socks = listen(
+            server.metrics_address, server.metrics_port, reuse_port=True, what="/metrics"
+        )
         try:
             for sock in socks:
                 await web.SockSite(runner, sock).start()

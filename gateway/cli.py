@@ -74,9 +74,20 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
+SYGNAL_CONF_ENV = "SYGNAL_CONF"
+"""Sygnal's variable naming its config file: read as `--sygnal-config` when no config is
+given otherwise (no `--config`, `--sygnal-config` or `$PUSHGW_CONFIG`), so that a
+container or unit file that sets it keeps working when the command becomes pushgw's."""
+
+
 def _config_data_from_sygnal(args: argparse.Namespace) -> None:
-    """`--sygnal-config FILE`: an unchanged Sygnal config becomes pushgw config data."""
+    """`--sygnal-config FILE` (or `$SYGNAL_CONF`): an unchanged Sygnal config becomes
+    pushgw config data."""
     path = getattr(args, "sygnal_config", None)
+    if not path and not getattr(args, "config", None) and not os.environ.get(CONFIG_ENV):
+        path = os.environ.get(SYGNAL_CONF_ENV) or None
+        if path:
+            print(f"pushgw: using the Sygnal config ${SYGNAL_CONF_ENV}: {path}", file=sys.stderr)
     if not path:
         return
     try:
@@ -506,7 +517,10 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
         help="override server.workers: processes sharing the port (SO_REUSEPORT)",
     )
     serve.add_argument(
-        "--sygnal-config", metavar="FILE", help="run from an unchanged Sygnal config"
+        "--sygnal-config",
+        metavar="FILE",
+        help="run from an unchanged Sygnal config (default: $SYGNAL_CONF, when no --config"
+        " or $PUSHGW_CONFIG)",
     )
     serve.add_argument(
         "--with-simulators",
@@ -516,7 +530,12 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
     serve.set_defaults(handler=cmd_serve)
 
     check = sub.add_parser("check-config", parents=[common], help="validate and print the config")
-    check.add_argument("--sygnal-config", metavar="FILE", help="check a Sygnal config instead")
+    check.add_argument(
+        "--sygnal-config",
+        metavar="FILE",
+        help="check a Sygnal config instead (default: $SYGNAL_CONF, when no --config"
+        " or $PUSHGW_CONFIG)",
+    )
     check.set_defaults(handler=cmd_check_config)
 
     plugins = sub.add_parser("plugins", parents=[common], help="list installed plugins")

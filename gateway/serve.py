@@ -153,7 +153,7 @@ def _serve(
         if metrics_port == port:
             raise ServeError(f"server.metrics_port must differ from {port_from} ({port})")
         # Free for us alone (a process listening with SO_REUSEPORT too would share it):
-        for sock in listen(server.host, metrics_port, reuse_port=False, what="/metrics"):
+        for sock in listen(server.metrics_address, metrics_port, reuse_port=False, what="/metrics"):
             sock.close()
     if workers == 1:
         held: list[socket.socket] = []
@@ -428,12 +428,14 @@ def _hold_metrics_port(loaded: LoadedGateway) -> list[socket.socket]:
     if server.metrics_port is None:
         return []
     try:
-        return reserve(server.host, server.metrics_port, what="/metrics")
+        return reserve(server.metrics_address, server.metrics_port, what="/metrics")
     except ServeError:
         # A reservation fails where the site would bind in one case: a connection of an
         # earlier socket without SO_REUSEPORT in TIME_WAIT. Check as the site binds, and
         # hold nothing then.
-        for sock in listen(server.host, server.metrics_port, reuse_port=True, what="/metrics"):
+        for sock in listen(
+            server.metrics_address, server.metrics_port, reuse_port=True, what="/metrics"
+        ):
             sock.close()
         return []
 

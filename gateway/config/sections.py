@@ -50,6 +50,11 @@ class ServerConfig(ConfigModel):
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Serve /metrics on its own port"
     )
+    # Sygnal's `metrics.prometheus.address`: metrics kept on loopback (or a private
+    # interface) while the gateway's own port is public, or the other way round.
+    metrics_host: str | None = Field(
+        None, min_length=1, description="Address of metrics_port; default server.host"
+    )
     shutdown_timeout: float = Field(10.0, ge=0, description="Drain deadline on shutdown")
     client_max_size: int = Field(1024 * 1024, ge=1024)
     # Slow or idle clients (slowloris) must not hold connections for ever: aiohttp bounds
@@ -63,6 +68,11 @@ class ServerConfig(ConfigModel):
     event_loop: EventLoop = Field(
         "auto", description="auto (uvloop where installed), uvloop, or asyncio"
     )
+
+    @property
+    def metrics_address(self) -> str:
+        """The address `metrics_port` listens on: `metrics_host`, else `host`."""
+        return self.metrics_host or self.host
 
     @field_validator("event_loop")
     @classmethod

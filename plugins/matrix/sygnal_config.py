@@ -7,7 +7,7 @@
 |---|---|
 | `http.port`, `http.bind_addresses` | `server.port`, `server.host` (first address) |
 | `proxy` | `delivery.proxy` |
-| `metrics.prometheus.{enabled,port}` | `server.metrics_port` |
+| `metrics.prometheus.{enabled,port,address}` | `server.metrics_port`, `server.metrics_host` |
 | `apps` | `plugins.matrix.apps` (verbatim) |
 | `log`, `metrics.opentracing`, `metrics.sentry`, `db`, `database` | ignored, with a warning |
 | `pushgw` (not a Sygnal key) | merged as native pushgw sections (`store`, `receipts`...) |
@@ -163,11 +163,12 @@ def translate_sygnal_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], li
         if metrics_port is not None:
             server["metrics_port"] = metrics_port
         address = prometheus.get("address", "127.0.0.1")
-        if address != server.get("host"):
-            warnings.append(
-                f"metrics.prometheus.address: pushgw serves metrics on the HTTP address "
-                f"({server.get('host')!r}), not {address!r}"
-            )
+        if address is None or address == "":
+            address = "0.0.0.0"  # Sygnal: `addr=prom_addr or ""`, every IPv4 address
+        if not isinstance(address, str):
+            problems.append("metrics.prometheus.address: expected an address")
+        elif address != server.get("host"):
+            server["metrics_host"] = address
     if server:
         config["server"] = server
 
