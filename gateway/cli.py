@@ -282,6 +282,39 @@ async def cmd_db_downgrade(args: argparse.Namespace, _ctx: Any) -> int:
     return 0
 
 
+def cmd_db_backup(args: argparse.Namespace, _ctx: Any) -> int:
+    """Copy the SQLite database into a new file while the gateway may run (docs/backup.md)."""
+    import sqlite3
+
+    from gateway.core.store import BackupRefused, sqlite_backup
+    from gateway.core.tokens import describe_error
+
+    loaded = _load(args)
+    _no_config_note(args, loaded)
+    url = loaded.settings.store.url
+    dest = Path(args.dest)
+    if os.path.lexists(dest):
+        raise UsageError(f"{dest}: already exists: give the name of a new file")
+    if not dest.parent.is_dir():
+        raise UsageError(f"{dest.parent}: no such directory")
+    if loaded.settings.store.url.partition(":")[0] != "sqlite+aiosqlite":
+        raise UsageError(
+            f"database {shown_url(url)}: `db backup` copies a SQLite database; "
+            "back PostgreSQL up with pg_dump (docs/backup.md)"
+        )
+    try:
+        revisions = sqlite_backup(url, dest)
+    except BackupRefused as exc:
+        raise DatabaseError(f"database {shown_url(url)}: {exc}") from None
+    except (sqlite3.Error, OSError) as exc:
+        raise DatabaseError(
+            f"database {shown_url(url)}: backup to {dest} failed: {describe_error(exc)}"
+        ) from None
+    at = ", ".join(revisions) or "no revision"
+    print(f"backed up {shown_url(url)} (at {at}) to {dest}")
+    return 0
+
+
 async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -> int:
     """Feed a dead-token file (spark `dead-tokens` job) through the one invalidation path.
 
@@ -557,6 +590,13 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
         help="the revisions of the release rolled back to (its refusal to start names them)",
     )
     down.set_defaults(handler=cmd_db_downgrade)
+    backup = db_sub.add_parser(
+        "backup",
+        parents=[common],
+        help="copy the SQLite database into a new file, also while the gateway runs",
+    )
+    backup.add_argument("dest", metavar="FILE", help="the new file (must not exist)")
+    backup.set_defaults(handler=cmd_db_backup)
 
     tokens = sub.add_parser("tokens", help="device token maintenance")
     tokens_sub = tokens.add_subparsers(dest="tokens_command", metavar="COMMAND", required=True)

@@ -335,3 +335,47 @@ def branch_heads(cfg: AlembicConfig, version_locations: Sequence[str]) -> list[s
         if revision is not None and Path(revision.path).parent.resolve() in wanted:
             heads.append(head)
     return sorted(heads)
+
+
+class BackupRefused(Exception):
+    """`sqlite_backup` not attempted; the message (one line) says why."""
+
+
+def sqlite_backup(url: str, dest: Path) -> list[str]:
+    """Copy the SQLite database of `url` into the new file `dest`; returns its revisions.
+
+    `VACUUM INTO`: one read transaction, so the copy is a consistent snapshot even while
+    `pushgw serve` writes (WAL: readers and the writer do not block each other), and one
+    file (a copy of the database file alone misses what is still in its `-wal`). Written
+    under a temporary name next to `dest` and renamed when complete, so `dest` is never a
+    half-written file. A database file that is missing is refused, not created.
+    """
+    import sqlite3
+    import urllib.parse
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        raise BackupRefused("not a SQLite database file: back PostgreSQL up with pg_dump")
+    source = Path(parsed.database or "")
+    if not source.is_file():
+        raise BackupRefused("no such database file: nothing to back up")
+    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    conn = sqlite3.connect(
+        f"file:{urllib.parse.quote(str(source))}?mode=rw", uri=True, timeout=30.0
+    )
+    try:
+        tables = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
+        ).fetchall()
+        if not tables:
+            raise BackupRefused("not a pushgw database (no alembic_version table)")
+        revisions = sorted(
+            row[0] for row in conn.execute("SELECT version_num FROM alembic_version")
+        )
+        conn.execute("VACUUM INTO ?", (str(partial),))
+        os.replace(partial, dest)
+    finally:
+        conn.close()
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+    return revisions
