@@ -156,7 +156,9 @@ class DeliveryConfig(ConfigModel):
     queue_size: int = Field(20_000, ge=1, description="Pushes waiting per app before shedding")
     backoff_base: float = Field(1.0, gt=0)
     backoff_cap: float = Field(60.0, gt=0)
-    throttle_backoff: float = Field(60.0, ge=0, description="Initial delay after QUOTA_EXCEEDED")
+    throttle_backoff: float = Field(
+        60.0, ge=0, description="Gate delay after a project-wide throttle (FCM QUOTA_EXCEEDED)"
+    )
     max_retry_after: float = Field(
         600.0, gt=0, description="Longest Retry-After honoured; a longer one is cut to this"
     )
