@@ -91,7 +91,34 @@ def read_dead_tokens(path: Path) -> tuple[list[DeadToken], int]:
         more = len(problems) - 1
         tail = f" ({more} more bad line{'s' if more > 1 else ''})" if more else ""
         raise DeadTokenFileError(f"{problems[0]}{tail}; nothing was retired")
+    _check_job_result(path, len(tokens) + duplicates)
     return tokens, duplicates
+
+
+JOB_FILE = "dead-tokens.jsonl"  # what the Spark `dead-tokens` job writes in its --out
+JOB_RESULT = "result-dead-tokens.json"  # its completion marker, written after JOB_FILE
+
+
+def _check_job_result(path: Path, lines: int) -> None:
+    """The job's own file beside its completion marker must hold as many tokens as the
+    marker says the run wrote (`tokens_retired`): fewer is a cut-short copy, more or
+    fewer a changed file, and either would retire a different set than the job found.
+    Without a marker (a file of another name or place, or a run that did not finish:
+    the job removes it first) there is nothing to compare with."""
+    if path.name != JOB_FILE:
+        return
+    try:
+        result = json.loads(path.with_name(JOB_RESULT).read_bytes())
+    except (OSError, ValueError):
+        return
+    metrics = result.get("metrics") if isinstance(result, dict) else None
+    written = metrics.get("tokens_retired") if isinstance(metrics, dict) else None
+    if type(written) is int and written != lines:
+        raise DeadTokenFileError(
+            f"{path}: holds {lines} token{'s' if lines != 1 else ''}, but {JOB_RESULT} "
+            f"beside it says the dead-tokens run wrote {written}: the file is incomplete "
+            "or was changed; nothing was retired"
+        )
 
 
 def _dead_token(number: int, raw: bytes) -> DeadToken | None:

@@ -12,17 +12,22 @@ bounds, checks: `JobOption`), a local receipts directory that is missing or not 
 directory, a local `--out` that cannot be a directory, pyspark or Java 17 missing. All of
 these are found before Spark starts (under spark-submit: before any job runs) and before
 anything is written; only what needs Spark to see (`hdfs://`, `s3a://`... paths) is left
-to the jobs.
+to the jobs. 143 (SIGTERM) and Ctrl-C (130, from the command) stop the jobs and name the
+one left incomplete. `result-<job>.json` is each job's completion marker: removed before
+the job runs, written last (docs/spark.md, "Interrupted runs").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from spark_plugins.jobs import (
@@ -33,7 +38,7 @@ from spark_plugins.jobs import (
     collect_jobs,
     looks_like_job,
 )
-from spark_plugins.output import out_problem, write_result
+from spark_plugins.output import join, out_problem, remove_file, write_result
 from spark_plugins.paths import arg_path, is_local, uri_path
 from spark_plugins.reader import receipts_problem, report_bad_input
 from spark_plugins.session import get_session, spark_problem, under_spark_submit
@@ -204,28 +209,91 @@ def run_jobs(
     spark = get_session(master, app_name=f"pushgw {' '.join(names)}", conf=conf)
     status = 0
     results: list[JobResult] = []
+    current: SparkJob | None = None
+    terminated: list[bool] = []
     try:
-        for job in jobs:
-            started = time.monotonic()
-            try:
-                result = job.run(spark, receipts, out, options[job.name])
-                if not isinstance(result, JobResult):
-                    kind = "None" if result is None else f"a {type(result).__name__}"
-                    raise JobContractError(f"its run returned {kind}, not a JobResult")
-                finish(spark, out, result, started)
-            except (FileNotFoundError, OptionError) as exc:
-                print(f"pushgw spark: {job.name}: {exc}", file=sys.stderr)
-                return 2, results
-            except Exception as exc:
-                print(f"pushgw spark: {job.name} failed: {failure_text(exc)}", file=sys.stderr)
-                status = 1
-                continue
-            print_result(result)
-            results.append(result)
+        with _sigterm_as_interrupt(terminated):
+            for current in jobs:
+                job = current
+                started = time.monotonic()
+                try:
+                    # The completion marker: removed before the job writes anything, written
+                    # last (`finish`), so that no earlier run's marker vouches for outputs
+                    # this run left half-written, or mixed with that run's.
+                    remove_file(spark, join(out, result_file(job.name)))
+                    result = job.run(spark, receipts, out, options[job.name])
+                    if not isinstance(result, JobResult):
+                        kind = "None" if result is None else f"a {type(result).__name__}"
+                        raise JobContractError(f"its run returned {kind}, not a JobResult")
+                    finish(spark, out, result, started)
+                except (FileNotFoundError, OptionError) as exc:
+                    print(f"pushgw spark: {job.name}: {exc}", file=sys.stderr)
+                    return 2, results
+                except Exception as exc:
+                    text = failure_text(exc)
+                    print(f"pushgw spark: {job.name} failed: {text}", file=sys.stderr)
+                    status = 1
+                    continue
+                print_result(result)
+                results.append(result)
+            current = None
+    except KeyboardInterrupt:
+        print(interrupted_text(jobs, current, out, bool(terminated)), file=sys.stderr)
+        if terminated:
+            return EXIT_TERMINATED, results
+        raise
     finally:
         if stop:
             spark.stop()
     return status, results
+
+
+EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a command SIGTERM ended
+
+
+def result_file(job: str) -> str:
+    """The job's completion marker in `--out`: present only after a complete run."""
+    return f"result-{job}.json"
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt(terminated: list[bool]) -> Iterator[None]:
+    """SIGTERM (a scheduler's timeout) stops the jobs as Ctrl-C does: pyspark's SIGINT
+    handler cancels the running Spark jobs, and the runner says what was left incomplete
+    before Spark stops. Without it the process died at once, silently. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        terminated.append(True)
+        on_interrupt = signal.getsignal(signal.SIGINT)
+        if callable(on_interrupt):  # pyspark's: cancels the Spark jobs, raises KeyboardInterrupt
+            on_interrupt(signal.SIGINT, frame)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_text(
+    jobs: Sequence[SparkJob], current: SparkJob | None, out: str, term: bool
+) -> str:
+    """One line for a run stopped by Ctrl-C or SIGTERM: the job it stopped, whose
+    outputs are no complete run (no completion marker), and the jobs never started."""
+    how = "terminated (SIGTERM)" if term else "interrupted"
+    if current is None:
+        return f"pushgw spark: {how}"
+    names = [job.name for job in jobs]
+    later = names[names.index(current.name) + 1 :]
+    text = (
+        f"pushgw spark: {how} during {current.name}: its outputs in {out} are not a "
+        f"complete run (no {result_file(current.name)})"
+    )
+    return text + (f"; not run: {', '.join(later)}" if later else "")
 
 
 def finish(spark: Any, out: str, result: JobResult, started: float) -> None:
