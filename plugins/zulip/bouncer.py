@@ -95,6 +95,21 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1/remotes/"
 DEFAULT_DISABLED_REASON = "Push notifications are disabled by this push notification service"
+# Endpoints of Zulip's own service that pushgw does not offer (specs/zulip.md §3): still
+# 404, but with what to do instead. `manage.py register_server` shows the `msg` as it is
+# ("Error received from the push notification service: ..."), and Zulip 10+ sends a
+# server whose hostname is taken to `--registration-transfer`: "Endpoint not found"
+# left its administrator with nowhere to go.
+_TRANSFER_MSG = (
+    "This push notification service does not offer registration transfer: ask its "
+    "operator for new credentials for the registration of your hostname (pushgw zulip "
+    "set-key), put them into /etc/zulip/zulip-secrets.conf, then run "
+    "manage.py register_server again"
+)
+NOT_OFFERED = {
+    "server/register/transfer": _TRANSFER_MSG,
+    "server/register/verify_challenge": _TRANSFER_MSG,
+}
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 # Sends remembered for the duplicate window, at most: without a cap the window held
 # push rate x `duplicate_window` entries (each with its task and receipt), so a burst
@@ -402,10 +417,11 @@ class Bouncer:
         # The endpoint as routing saw it: `path_safe` keeps an encoded slash encoded, as
         # the endpoints' own routes do (`tail` is decoded). `push%2Fnotify` is no endpoint:
         # by `tail` it was a 405 whose `Allow` named the very method the client had used.
-        allowed = self._methods.get(request.rel_url.path_safe.removeprefix(PREFIX))
+        endpoint = request.rel_url.path_safe.removeprefix(PREFIX)
+        allowed = self._methods.get(endpoint)
         if allowed is not None:  # the endpoint exists: RFC 9110 405, as Zulip's bouncer
             raise method_not_allowed(allowed)
-        raise ZulipError("Endpoint not found", status=404)
+        raise ZulipError(NOT_OFFERED.get(endpoint, "Endpoint not found"), status=404)
 
     # --- realm lookup --------------------------------------------------------------
 
