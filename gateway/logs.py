@@ -14,6 +14,7 @@ import contextvars
 import ipaddress
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -170,6 +171,41 @@ class OneLineFormatter(logging.Formatter):
         return f"pushgw: {record.levelname.lower()}: {line}"
 
 
+JOURNAL_ENV = "JOURNAL_STREAM"
+"""Set by systemd to `DEVICE:INODE` of the journal stream it gave as stdout/stderr."""
+
+# syslog(3) priorities, as journald reads them from a line's `<N>` prefix
+_PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
+
+
+def stderr_is_journal() -> bool:
+    """Whether stderr is systemd's journal stream (sd_journal_stream_fd's protocol): the
+    `$JOURNAL_STREAM` systemd sets names the very file stderr is, not one a child
+    process inherited the variable from while its stderr went elsewhere."""
+    value = os.environ.get(JOURNAL_ENV)
+    if not value:
+        return False
+    try:
+        stat = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):  # no stderr, or not a real file
+        return False
+    return value == f"{stat.st_dev}:{stat.st_ino}"
+
+
+class JournalFormatter(RedactingFormatter):
+    """Plain lines for journald: no timestamp (the journal stamps each line itself, so
+    `journalctl` showed two), and a `<N>` syslog priority prefix on every line, a
+    traceback's included, so that `journalctl -p warning` picks the warnings and
+    errors out."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s %(name)s [%(request_id)s] %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = next((p for level, p in _PRIORITIES if record.levelno >= level), 7)
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines())
+
+
 class JsonFormatter(RedactingFormatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -225,6 +261,8 @@ def configure(level: str = "INFO", json_format: bool = False) -> None:
     handler.addFilter(RequestIdFilter())
     if json_format:
         handler.setFormatter(JsonFormatter())
+    elif stderr_is_journal():
+        handler.setFormatter(JournalFormatter())
     else:
         handler.setFormatter(
             RedactingFormatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")

@@ -48,8 +48,11 @@ from typing import TYPE_CHECKING, Any
 from gateway.context import WORKER_ENV
 from gateway.core.metrics import MULTIPROC_ENV
 from gateway.preflight import PreflightError, check_state_dir, os_reason, resolve
+from gateway.systemd import Notifier
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from gateway.app import LoadedGateway
 
 SIMULATOR_READY_FILE = "ready.json"
@@ -82,15 +85,16 @@ def serve(
     with_simulators: Path | None = None,
 ) -> int:
     _early_signals()
+    notifier = Notifier.from_environment()  # before any child process starts: see there
     if with_simulators is None:
-        return _serve(config, data, host, port, workers)
+        return _serve(config, data, host, port, workers, notifier)
     # Until the gateway handles SIGTERM itself (run_app, or the workers' parent), its
     # default action would end this process and leave the simulators running on their
     # ports: unwind instead, so that they are stopped below.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     simulators = _start_simulators(with_simulators)
     try:
-        return _serve(config, data, host, port, workers)
+        return _serve(config, data, host, port, workers, notifier)
     finally:
         _stop_simulators(simulators)
 
@@ -133,8 +137,11 @@ def _serve(
     host: str | None,
     port: int | None,
     workers: int | None,
+    notifier: Notifier | None = None,
 ) -> int:
     from gateway.app import load_gateway
+
+    notifier = notifier or Notifier(None)
 
     loaded = load_gateway(config, data=data)  # validate before anything starts
     server = loaded.settings.server
@@ -164,7 +171,14 @@ def _serve(
             _check_receipts_directory(loaded)
             _prepare_database(loaded)
             _without_auto_upgrade(loaded)  # done above, where its failure is one line
-            _run_loaded(loaded, socks, held)
+            status = f"serving on {_addresses(socks)}"
+            _run_loaded(
+                loaded,
+                socks,
+                held,
+                ready=lambda: notifier.ready(status),
+                stopping=lambda signum: notifier.stopping(_stopping_status(signum)),
+            )
         finally:
             for sock in [*socks, *held]:
                 sock.close()
@@ -184,11 +198,15 @@ def _serve(
         ) from None
     os.environ[MULTIPROC_ENV] = metrics_dir
     ctx = multiprocessing.get_context("spawn")
+    # Each worker writes its index here once it serves: the parent tells systemd the
+    # gateway is ready when all of them have (`_supervise`).
+    ready_reader, ready_writer = ctx.Pipe(duplex=False)
     procs = [
         ctx.Process(
             target=_run_worker,
             args=(config, data, host, port, i),
-            kwargs={"migrated": True, "parent": os.getpid()},  # migrated above, once
+            # migrated above, once
+            kwargs={"migrated": True, "parent": os.getpid(), "ready": ready_writer},
             name=f"pushgw-{i}",
         )
         for i in range(workers)
@@ -198,6 +216,8 @@ def _serve(
 
     def forward(signum: int, _frame: Any) -> None:
         nonlocal stop_signal
+        if stop_signal is None:
+            notifier.stopping(_stopping_status(signum))
         stop_signal = signum
         for proc in procs:
             if proc.pid and proc.is_alive():
@@ -216,11 +236,36 @@ def _serve(
                 proc.start()
                 if stop_signal is not None and proc.pid and proc.pid not in signalled:
                     os.kill(proc.pid, stop_signal)  # the signal came during start()
+            ready_writer.close()  # the workers hold theirs: EOF once all of them exited
             started = [proc for proc in procs if proc.pid]
             grace = 2 * server.shutdown_timeout + STOP_GRACE
-            return _supervise(started, lambda: stop_signal is not None, grace, wakeup)
+            shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            return _supervise(
+                started,
+                lambda: stop_signal is not None,
+                grace,
+                wakeup,
+                ready=ready_reader,
+                notifier=notifier,
+                status=f"serving on {shown} ({workers} workers)",
+            )
     finally:
+        ready_reader.close()
+        ready_writer.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _addresses(socks: Sequence[socket.socket]) -> str:
+    """`127.0.0.1:5000, [::1]:5000`: where `socks` listen."""
+    shown = []
+    for sock in socks:
+        host, port = sock.getsockname()[:2]
+        shown.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return ", ".join(shown)
+
+
+def _stopping_status(signum: int) -> str:
+    return f"stopping ({_signal_name(signum)}): draining the pushes in flight"
 
 
 @contextlib.contextmanager
@@ -257,6 +302,10 @@ def _supervise(
     stopping: Callable[[], bool],
     grace: float,
     wakeup: int | None = None,
+    *,
+    ready: Connection | None = None,
+    notifier: Notifier | None = None,
+    status: str = "serving",
 ) -> int:
     """Wait for the workers to exit; the exit status of `pushgw serve`.
 
@@ -266,17 +315,34 @@ def _supervise(
     `stopping` (seen at once when the stop signal makes `wakeup` readable), the workers
     have `grace` seconds to exit; those still running then are named in one line and
     killed (status 1). Otherwise the status is 0 when every worker stopped cleanly.
+
+    `ready`: where each worker writes its index once it serves; when all of `procs`
+    have, `notifier` tells systemd the gateway is ready (READY=1, with `status`).
     """
     from multiprocessing.connection import wait
 
     running: dict[Any, BaseProcess] = {proc.sentinel: proc for proc in procs}
-    woken = [] if wakeup is None else [wakeup]
+    woken: list[Any] = [] if wakeup is None else [wakeup]
+    serving: set[bytes] = set()
+    if ready is not None:
+        woken.append(ready)
     while running and not stopping():
-        for ready in wait([*running, *woken]):  # the processes' sentinels: no polling
-            if ready == wakeup:
+        for sentinel in wait([*running, *woken]):  # the processes' sentinels: no polling
+            if sentinel == wakeup:
                 _drain(wakeup)
                 continue  # `stopping()`, checked again above, says whether it was a stop
-            proc = running.pop(ready)
+            if sentinel is ready:
+                try:
+                    serving.add(ready.recv_bytes())
+                except (EOFError, OSError):  # every worker exited: their sentinels say how
+                    woken.remove(ready)
+                    continue
+                if len(serving) == len(procs):
+                    woken.remove(ready)
+                    if notifier is not None:
+                        notifier.ready(status)
+                continue
+            proc = running.pop(sentinel)
             proc.join()
             if stopping():
                 continue
@@ -287,6 +353,8 @@ def _supervise(
                 how = f"exited with status {code}"
             index = procs.index(proc)  # procs are the workers started, in order
             _tell(f"pushgw: error: worker {index} (pid {proc.pid}) {how}: stopping the gateway")
+            if notifier is not None:
+                notifier.stopping(f"worker {index} {how}: stopping")
             _stop(list(running.values()), grace)
             return code if code > 0 else EXIT_WORKER_FAILED
     # The stop signal was forwarded to the workers: each should end within its own
@@ -482,18 +550,20 @@ def _run_worker(
     *,
     migrated: bool = False,
     parent: int | None = None,
+    ready: Connection | None = None,
 ) -> None:
     """One of `--workers N`: its errors are one line each, as `pushgw serve`'s own.
 
     `migrated`: the parent migrated the database (or checked it): don't, whatever
     `store.auto_upgrade` says. `parent`: the pid of the `serve` process that started
     this worker (None when run in-process, by tests): the worker's signals are set up.
+    `ready`: where the worker writes its index once it serves (`_supervise`).
     """
     if parent is not None:
         _early_signals()
         _stop_with_parent(parent)
     try:
-        _start_worker(config, data, host, port, index, migrated=migrated)
+        _start_worker(config, data, host, port, index, migrated=migrated, ready=ready)
     except KeyboardInterrupt:
         # SIGINT (forwarded by the parent, or a terminal's Ctrl-C to the whole group)
         # before the application handles it: end as the signal would, as SIGTERM then
@@ -532,6 +602,7 @@ def _start_worker(
     index: int,
     *,
     migrated: bool,
+    ready: Connection | None = None,
 ) -> None:
     os.environ[WORKER_ENV] = str(index)  # one-per-gateway services run in worker 0 only
 
@@ -547,7 +618,9 @@ def _start_worker(
             _without_auto_upgrade(loaded)
         socks = listen(host, port, reuse_port=True)
         held = _hold_metrics_port(loaded)
-        _run_loaded(loaded, socks, held)
+        _run_loaded(
+            loaded, socks, held, ready=None if ready is None else lambda: _tell_parent(ready, index)
+        )
     except ConfigError as exc:
         print(f"pushgw: config error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
@@ -562,6 +635,13 @@ def _start_worker(
             sock.close()
 
 
+def _tell_parent(ready: Connection, index: int) -> None:
+    """Tell the parent this worker serves; a parent gone meanwhile stops the worker anyway."""
+    with contextlib.suppress(OSError):
+        ready.send_bytes(str(index).encode())
+    ready.close()
+
+
 def _without_auto_upgrade(loaded: LoadedGateway) -> None:
     """Run `loaded` with `store.auto_upgrade` off (what plugins see in `settings` too)."""
     settings = loaded.settings
@@ -570,10 +650,18 @@ def _without_auto_upgrade(loaded: LoadedGateway) -> None:
 
 
 def _run_loaded(
-    loaded: LoadedGateway, socks: list[socket.socket], held: Sequence[socket.socket] = ()
+    loaded: LoadedGateway,
+    socks: list[socket.socket],
+    held: Sequence[socket.socket] = (),
+    *,
+    ready: Callable[[], object] | None = None,
+    stopping: Callable[[int], object] | None = None,
 ) -> None:
     """Run the gateway on `socks` until a stop signal (STOP_SIGNALS); `held` (`_hold_metrics_port`)
-    is closed once the application has started, its metrics site listening."""
+    is closed once the application has started, its metrics site listening.
+
+    `ready` is called once the gateway serves (every site listening, after its `Running
+    on` line); `stopping` with the signal number when the first stop signal comes."""
     from aiohttp import web
 
     from gateway import logs
@@ -600,16 +688,23 @@ def _run_loaded(
     # systemd (KillMode=control-group) or a terminal's Ctrl-C sent to it and to the
     # worker alike. The first signal starts the shutdown, bounded by shutdown_timeout;
     # the next ones are ignored.
-    stopping = False
+    stopped = False
 
-    def stop() -> None:
-        nonlocal stopping
-        if not stopping:
-            stopping = True
+    def stop(signum: int) -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            if stopping is not None:
+                stopping(signum)
             raise web.GracefulExit()
 
+    def running(msg: str) -> None:
+        _tell(f"{where}: {msg}")
+        if ready is not None:
+            ready()
+
     for signum in STOP_SIGNALS:
-        loop.add_signal_handler(signum, stop)
+        loop.add_signal_handler(signum, stop, signum)
     for signum in IGNORED_SIGNALS:
         loop.add_signal_handler(signum, _log_ignored, signum)
     web.run_app(
@@ -623,7 +718,7 @@ def _run_loaded(
         keepalive_timeout=settings.server.keepalive_timeout,
         access_log=logging.getLogger("aiohttp.access") if settings.logging.access_log else None,
         access_log_class=logs.RouteAccessLogger,  # never the path or query: they may hold tokens
-        print=lambda msg: _tell(f"{where}: {msg}"),
+        print=running,  # called once every site listens: the gateway serves
     )
 
 
