@@ -74,7 +74,13 @@ from hpack import NeverIndexedHeaderTuple
 
 from gateway.config import ApnsAppConfig
 from gateway.core.classify import APNS_RECONNECT, classify_apns
-from gateway.core.http import ca_bundle, parse_retry_after, resolve_proxy, ssl_context
+from gateway.core.http import (
+    ca_bundle,
+    parse_retry_after,
+    proxy_label,
+    resolve_proxy,
+    ssl_context,
+)
 from gateway.core.push import Attempt, Outcome, ProviderKind, Push, Reason
 
 log = logging.getLogger(__name__)
@@ -91,6 +97,11 @@ COLLAPSE_ID_LIMIT = 64
 # cost less CPU than one with a thousand (and Apple recommends several connections).
 MAX_STREAMS = 128
 IDLE_SECONDS = 3600.0  # aioapns closes idle connections after 10 s; Apple wants them kept
+# The most of an answer's body kept: APNs's are under 100 bytes (`{"reason": ...}`). A
+# longer one (a proxy's, a broken upstream's, tens of megabytes or never ending) was
+# kept whole, the connection's window given back as it came: the stream is answered
+# with what came so far and reset instead.
+BODY_LIMIT = 16 * 1024
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _TOKEN_RE = re.compile(r"[A-Za-z0-9._~-]+")  # path-safe; APNs tokens are hex
@@ -474,6 +485,10 @@ class _ApnsProtocol(APNsTLSClientProtocol):
                 stream = self._streams.get(sid)
                 if stream is not None:
                     stream.body += event.data  # type: ignore[operator]
+                    if len(stream.body) > BODY_LIMIT:
+                        stream.body = stream.body[:BODY_LIMIT]
+                        self._finish(sid)
+                        self._cancel_stream(sid)
             elif isinstance(event, StreamEnded):
                 self._finish(event.stream_id)  # type: ignore[arg-type]
             elif isinstance(event, StreamReset):
@@ -695,12 +710,18 @@ async def _connect_tunnel(
     Hand-written because aioapns's own proxy support only recognises a literal
     "HTTP/1.1 200 Connect" in the first chunk, never reports a refusal (the send
     hangs), has no proxy authentication, and lets two transports share one socket.
+    Every error names the proxy (host and port only, never its credentials), so that
+    an operator reading `connection_error` looks at the proxy, not at Apple.
     """
-    infos = await loop.getaddrinfo(
-        proxy.hostname, proxy.port or 80, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-    )
+    label = proxy_label(proxy.geturl())
+    try:
+        infos = await loop.getaddrinfo(
+            proxy.hostname, proxy.port or 80, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
+    except socket.gaierror as exc:
+        raise ConnectionError(f"proxy {label} did not resolve ({exc})") from exc
     sock: socket.socket | None = None
-    error: OSError = OSError(f"proxy {proxy.hostname} did not resolve")
+    error: OSError = OSError(f"proxy {label} did not resolve")
     for family, kind, proto, _, address in infos:
         candidate = socket.socket(family, kind, proto)
         candidate.setblocking(False)
@@ -708,7 +729,7 @@ async def _connect_tunnel(
             await loop.sock_connect(candidate, address)
         except OSError as exc:
             candidate.close()
-            error = exc
+            error = ConnectionError(f"proxy {label} unreachable ({exc})")
             continue
         except BaseException:
             candidate.close()
@@ -729,13 +750,17 @@ async def _connect_tunnel(
         answer = b""
         while b"\r\n\r\n" not in answer:
             chunk = await loop.sock_recv(sock, 4096)
-            if not chunk or len(answer) > 16384:
-                raise ConnectionError("proxy closed the connection during CONNECT")
+            if not chunk:
+                raise ConnectionError(f"proxy {label} closed the connection during CONNECT")
+            if len(answer) > 16384:
+                raise ConnectionError(f"proxy {label} answered CONNECT with over 16 KiB")
             answer += chunk
         status_line = answer.split(b"\r\n", 1)[0]
         parts = status_line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or parts[1] != b"200":
-            raise ConnectionError(f"proxy refused CONNECT: {status_line[:80].decode('latin-1')}")
+            raise ConnectionError(
+                f"proxy {label} refused CONNECT to {target}: {status_line[:80].decode('latin-1')}"
+            )
     except BaseException:
         sock.close()
         raise

@@ -101,6 +101,21 @@ APNS_THROTTLED_TOKEN = "TooManyRequests"
 APNS_THROTTLED_CREDENTIAL = "TooManyProviderTokenUpdates"
 
 
+# The longest reason a provider documents is 27 characters (`TooManyProviderTokenUpdates`).
+# Anything longer is not a provider's reason but whatever answered in its place (a proxy,
+# a broken upstream), as long as its body: receipts, the plugins' hooks and `detail` keep
+# it cut to this many characters, "..." included (the dispatcher cuts it; classification
+# sees it whole). The store's `pushgw_invalid_tokens.reason` is as long.
+REASON_MAX = 64
+
+
+def bounded_reason(reason: str | None) -> str | None:
+    """`reason` cut to `REASON_MAX` characters, ending in "..." when cut."""
+    if reason is None or len(reason) <= REASON_MAX:
+        return reason
+    return reason[: REASON_MAX - 3] + "..."
+
+
 def _by_status(status: int) -> Outcome:
     if status == 410:
         return Outcome.TOKEN_INVALID
@@ -159,7 +174,9 @@ def classify_apns(
         credential_wide=credential_wide,
         token_timestamp=timestamp if outcome is Outcome.TOKEN_INVALID else None,
         provider_id=apns_id,
-        detail=None if outcome is Outcome.TOKEN_INVALID else f"APNs {status} {reason}",
+        detail=None
+        if outcome is Outcome.TOKEN_INVALID
+        else f"APNs {status} {bounded_reason(reason)}",
     )
 
 

@@ -24,7 +24,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.config import DeliveryConfig
-from gateway.core.classify import CONFIG_REASONS, CREDENTIAL_HINT, CREDENTIAL_HINTS
+from gateway.core.classify import (
+    CONFIG_REASONS,
+    CREDENTIAL_HINT,
+    CREDENTIAL_HINTS,
+    bounded_reason,
+)
 from gateway.core.metrics import LaneMetrics, Metrics, reason_label
 from gateway.core.providers import ProviderClient
 from gateway.core.push import Attempt, InvalidToken, Outcome, Push, Reason, Receipt
@@ -544,7 +549,7 @@ class Dispatcher:
                 attempt.status,
                 Reason.INVALIDATION_SUSPENDED,
                 provider_id=attempt.provider_id,
-                detail=f"provider said {attempt.reason}; invalidation suspended",
+                detail=f"provider said {bounded_reason(attempt.reason)}; invalidation suspended",
             )
             return await self._final(push, lane, held, attempts, record_guard=False)
         receipt = await self._final(push, lane, attempt, attempts, record_guard=False)
@@ -554,7 +559,7 @@ class Dispatcher:
             token_hash=self.hasher(push.token),
             token=push.token,
             provider=lane.client.kind,
-            reason=attempt.reason,
+            reason=bounded_reason(attempt.reason),
             ref=push.ref,
             token_timestamp=attempt.token_timestamp,
             observed_at=sent_at,
@@ -629,7 +634,9 @@ class Dispatcher:
             provider=provider,
             outcome=attempt.outcome,
             status=attempt.status,
-            reason=attempt.reason,
+            # A provider's reason is kept as sent, up to `REASON_MAX` characters: a
+            # proxy's or a broken upstream's may be as long as its body.
+            reason=bounded_reason(attempt.reason),
             attempts=attempts,
             latency=time.monotonic() - push.submitted,
             finished_at=time.time(),

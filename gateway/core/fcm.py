@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import io
 import json
 import logging
+import re
 import ssl
 import time
 from collections.abc import Mapping
@@ -29,7 +31,13 @@ from multidict import CIMultiDict
 
 from gateway.config import FcmAppConfig
 from gateway.core.classify import classify_fcm
-from gateway.core.http import ca_bundle, parse_retry_after, resolve_proxy, ssl_context
+from gateway.core.http import (
+    ca_bundle,
+    parse_retry_after,
+    proxy_label,
+    resolve_proxy,
+    ssl_context,
+)
 from gateway.core.push import Attempt, Outcome, ProviderKind, Push, Reason
 
 log = logging.getLogger(__name__)
@@ -44,6 +52,10 @@ REFUSED_REFETCH = 60.0
 RESERVED_DATA_KEYS = frozenset({"from", "message_type"})
 RESERVED_DATA_PREFIXES = ("google", "gcm")
 TARGET_KEYS = ("token", "topic", "condition")
+# The most of an answer's body kept: FCM's answers are a few hundred bytes (an error with
+# its details under 2 KiB). A proxy's or a broken upstream's body of tens of megabytes, or
+# one that never ends, was read whole into memory until `request_timeout`.
+BODY_LIMIT = 64 * 1024
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _decode = json.JSONDecoder().decode
@@ -67,11 +79,39 @@ class _TimedRequest(google.auth.transport.requests.Request):
     (the loop's default executor, which also resolves every provider host name) and
     its socket for two minutes, and delayed a process's exit as long.
     (Each app now has a thread of its own for these requests: see `FcmClient._fetch`.)
+
+    That timeout bounds each read, not the answer: a body that never ends (a proxy's, a
+    broken endpoint's) was read for ever, into memory, and held the app's token thread
+    (every later token request queued behind it). The body is read here instead, at
+    most `BODY_LIMIT` bytes and `timeout` seconds of it.
     """
 
     def __init__(self, session: requests.Session, timeout: float) -> None:
         super().__init__(session=session)
         self._timeout = timeout
+        self.session.hooks["response"].append(self._read_body)
+
+    def _read_body(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        """A response hook (requests calls it before returning the answer): read the body
+        (sent with `stream=True`) bounded, then serve it from memory."""
+        deadline = time.monotonic() + self._timeout
+        body = bytearray()
+        try:
+            # From `raw` (urllib3), not `iter_content`: that marks the body consumed,
+            # and `content` (google-auth reads it) would then refuse to read `raw`.
+            while chunk := response.raw.read(16384, decode_content=True):
+                body += chunk
+                if len(body) > BODY_LIMIT:
+                    raise _TokenAnswerError(f"answer over {BODY_LIMIT} bytes")
+                if time.monotonic() > deadline:
+                    raise _TokenAnswerError(f"answer not read within {self._timeout:g} s")
+        except _TokenAnswerError:
+            raise
+        except Exception as exc:  # urllib3's, which google-auth would not wrap
+            raise _TokenAnswerError(f"answer not read ({type(exc).__name__})") from exc
+        finally:
+            response.close()
+        response.raw = io.BytesIO(bytes(body))  # what `response.content` reads
 
     def __call__(
         self,
@@ -82,7 +122,12 @@ class _TimedRequest(google.auth.transport.requests.Request):
         timeout: float | None = None,
         **kwargs: Any,
     ) -> Any:
+        kwargs["stream"] = True  # the body is read by `_read_body`
         return super().__call__(url, method, body, headers, timeout=self._timeout, **kwargs)
+
+
+class _TokenAnswerError(requests.exceptions.RequestException):
+    """The token endpoint's answer was too long or too slow (google-auth: TransportError)."""
 
 
 def _refusal(reason: str, detail: str) -> Attempt:
@@ -168,7 +213,9 @@ class FcmClient:
                 await self._refresh(self._generation)
             except Exception as exc:  # logged by `_fetch`
                 log.debug(
-                    "FCM app %s: no OAuth token at start (%s)", self.app_id, _token_error(exc)
+                    "FCM app %s: no OAuth token at start (%s)",
+                    self.app_id,
+                    _token_error(exc, self._token_proxy),
                 )
 
     def ready(self) -> bool:
@@ -197,7 +244,11 @@ class FcmClient:
         try:
             await self._refresh(self._generation)
         except Exception as exc:  # the next send reports it; `_fetch` logged the request
-            log.debug("FCM app %s: OAuth token refresh failed (%s)", self.app_id, _token_error(exc))
+            log.debug(
+                "FCM app %s: OAuth token refresh failed (%s)",
+                self.app_id,
+                _token_error(exc, self._token_proxy),
+            )
 
     def validate(self, push: Push) -> Attempt | None:
         payload = push.payload
@@ -267,7 +318,7 @@ class FcmClient:
                 self._send_url, data=body, headers=headers, proxy=self._proxy
             ) as response:
                 status = response.status
-                raw = await response.read()
+                raw = await _read_bounded(response, BODY_LIMIT)
                 retry_after = response.headers.get("Retry-After")
         except TimeoutError:
             return Attempt(
@@ -276,7 +327,11 @@ class FcmClient:
                 detail=f"no FCM answer within {self._timeout:g} s",
             )
         except (aiohttp.ClientError, OSError) as exc:
-            return Attempt(Outcome.TRANSIENT, reason=Reason.CONNECTION_ERROR, detail=_describe(exc))
+            return Attempt(
+                Outcome.TRANSIENT,
+                reason=Reason.CONNECTION_ERROR,
+                detail=_describe(exc, self._proxy),
+            )
         if status == 200:
             try:
                 name = _decode(raw.decode()).get("name")
@@ -330,7 +385,7 @@ class FcmClient:
             return Attempt(
                 Outcome.TRANSIENT,
                 reason=Reason.CONNECTION_ERROR,
-                detail=f"OAuth token request failed ({_token_error(exc)})",
+                detail=f"OAuth token request failed ({_token_error(exc, self._token_proxy)})",
             )
         return None
 
@@ -339,7 +394,11 @@ class FcmClient:
             await self._refresh(generation)
         except Exception as exc:  # `_fetch` logged the request
             self._refresh_at = time.monotonic() + 30.0  # the current token is still valid
-            log.debug("FCM app %s: OAuth token refresh failed (%s)", self.app_id, _token_error(exc))
+            log.debug(
+                "FCM app %s: OAuth token refresh failed (%s)",
+                self.app_id,
+                _token_error(exc, self._token_proxy),
+            )
 
     async def _refresh(self, generation: int) -> None:
         """Fetch a new token unless one arrived since `generation`.
@@ -405,14 +464,14 @@ class FcmClient:
                 "FCM app %s: OAuth token request failed (%s); sends end auth or transient "
                 "until one succeeds (a request every %g s at most)",
                 self.app_id,
-                _token_error(exc),
+                _token_error(exc, self._token_proxy),
                 FETCH_RETRY,
             )
         else:
             log.debug(
                 "FCM app %s: OAuth token request failed (%s), %d in a row",
                 self.app_id,
-                _token_error(exc),
+                _token_error(exc, self._token_proxy),
                 self._fetch_failures,
             )
 
@@ -439,25 +498,72 @@ class FcmClient:
         return token, max(lifetime, 0.0)
 
 
-def _token_error(exc: BaseException) -> str:
+def _token_error(exc: BaseException, proxy: str | None = None) -> str:
     """The kind of a failed token request, for logs and receipts.
 
     Only the type is shown (google-auth's messages may quote the endpoint's answer),
     which for every network failure is google-auth's `TransportError`: a token endpoint
     whose certificate does not verify (a missing `ca_file`, a wrong host) looked like
     any outage. OpenSSL's verification message, found in the chain, names no secret.
+    Nor does a proxy's refusal of CONNECT (its status line, as http.client words it),
+    which names the proxy (`proxy`) by host and port only.
     """
     seen: set[int] = set()
     cause: BaseException | None = exc
+    via_proxy = False
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, ssl.SSLCertVerificationError):
             return f"{type(exc).__name__}: certificate verify failed: {cause.verify_message}"
+        if isinstance(cause, _TokenAnswerError):
+            return f"{type(exc).__name__}: {cause}"  # our own words
+        if isinstance(cause, requests.exceptions.ProxyError):
+            via_proxy = True
+        elif via_proxy and type(cause) is OSError and str(cause).startswith(_TUNNEL_FAILED):
+            answer = str(cause)[len(_TUNNEL_FAILED) :].strip()[:80]
+            return f"{type(exc).__name__}: proxy {_label(proxy)} refused CONNECT: {answer}"
         cause = cause.__cause__ or cause.__context__
+    if via_proxy:
+        return f"{type(exc).__name__}: proxy {_label(proxy)} unreachable"
     return type(exc).__name__
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
+# http.client's words for a proxy's answer to CONNECT other than 200.
+_TUNNEL_FAILED = "Tunnel connection failed:"
+
+
+def _label(proxy: str | None) -> str:
+    return proxy_label(proxy) if proxy else "(unknown)"
+
+
+# The user name and password of a URL quoted in an error message.
+_USERINFO = re.compile(r"//[^\s'\"/]*@")
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of `response`, or its first `limit` bytes: the rest is not read (the
+    connection is then closed, not reused)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(limit):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            response.close()
+            break
+    return b"".join(chunks)[:limit]
+
+
+def _describe(exc: BaseException, proxy: str | None = None) -> str:
+    """`exc` for a `detail`. A proxy's refusal names the proxy by host and port only:
+    aiohttp's own message quotes the proxy URL, with its user name and password."""
     name = type(exc).__name__
+    if proxy is not None and isinstance(exc, aiohttp.ClientHttpProxyError):
+        return (
+            f"{name}: proxy {proxy_label(proxy)} refused CONNECT: "
+            f"{exc.status} {str(exc.message)[:80]}"
+        )
+    if proxy is not None and isinstance(exc, aiohttp.ClientProxyConnectionError):
+        return f"{name}: proxy {proxy_label(proxy)} unreachable ({exc.os_error})"[:200]
+    text = _USERINFO.sub("//", str(exc)) if proxy is not None else str(exc)
     return f"{name}: {text[:160]}" if text else name

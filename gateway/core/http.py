@@ -9,6 +9,7 @@ import os
 import ssl
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gateway.config.proxy import environment_proxy
 
@@ -39,6 +40,18 @@ def resolve_proxy(explicit: str | None, url: str) -> str | None:
         return explicit
     found = environment_proxy(url)
     return found[1] if found else None
+
+
+def proxy_label(proxy: str) -> str:
+    """`host:port` of the proxy URL `proxy`, for errors and logs: never its user name
+    or password (`http://user:pw@proxy:3128` gives `proxy:3128`). Checked at load."""
+    parts = urlsplit(proxy)
+    host = parts.hostname or "?"
+    try:
+        port = parts.port or 80
+    except ValueError:
+        port = 80
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_retry_after(value: str | bytes | None, *, now: float | None = None) -> float | None:
