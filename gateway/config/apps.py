@@ -46,6 +46,33 @@ def _read_credential(key: str, path: Path) -> bytes:
         raise CredentialError(key, f"cannot read the file ({exc.strerror})") from None
 
 
+#: Apple's `apns-push-type` values (`widgets` is recent): APNs refuses any other.
+APNS_PUSH_TYPES = (
+    "alert",
+    "background",
+    "location",
+    "voip",
+    "complication",
+    "fileprovider",
+    "mdm",
+    "liveactivity",
+    "pushtotalk",
+    "widgets",
+)
+#: The topic of each push type that has one of its own: `<bundle id><suffix>`. Its tokens
+#: (PushKit's, a complication's...) take that push type only: APNs answers
+#: `InvalidPushType` to any other sent to such a topic.
+APNS_TOPIC_SUFFIXES = {
+    "voip": ".voip",
+    "complication": ".complication",
+    "liveactivity": ".push-type.liveactivity",
+    "pushtotalk": ".voip-ptt",
+    "location": ".location-query",
+    "fileprovider": ".pushkit.fileprovider",
+    "widgets": ".push-type.widgets",
+}
+
+
 class ApnsAppConfig(ConfigModel):
     """One APNs credential set (an iOS app, sandbox or production)."""
 
@@ -80,6 +107,39 @@ class ApnsAppConfig(ConfigModel):
         except ValueError:
             raise ValueError("brackets only go around an IPv6 address, [::1]") from None
         return inner
+
+    @field_validator("push_type")
+    @classmethod
+    def _apple_push_type(cls, value: str | None) -> str | None:
+        # A typo would pass every check and fail every push (`InvalidPushType`).
+        if value is not None and value not in APNS_PUSH_TYPES:
+            raise ValueError(f"must be one of {', '.join(APNS_PUSH_TYPES)}")
+        return value
+
+    @property
+    def bound_push_type(self) -> str | None:
+        """The push type every push of this app must carry, None when each may choose:
+        `push_type` when it has a topic of its own (`voip`, ...), else the one `topic`'s
+        suffix names (`<bundle id>.voip`, the topic of a VoIP Services certificate)."""
+        if self.push_type in APNS_TOPIC_SUFFIXES:
+            return self.push_type
+        return self._topic_push_type()
+
+    def _topic_push_type(self) -> str | None:
+        topic = self.topic or ""
+        return next(
+            (kind for kind, end in APNS_TOPIC_SUFFIXES.items() if topic.endswith(end)), None
+        )
+
+    @model_validator(mode="after")
+    def _push_type_fits_topic(self) -> ApnsAppConfig:
+        bound = self._topic_push_type()
+        if self.push_type is not None and bound is not None and self.push_type != bound:
+            raise ValueError(
+                f"push_type {self.push_type} cannot go to the topic {self.topic} "
+                f"(APNs answers InvalidPushType): set push_type {bound}, or leave it unset"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_auth_method(self) -> ApnsAppConfig:

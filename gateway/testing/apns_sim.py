@@ -28,7 +28,9 @@ Checks, in this order (the first failure answers):
 4. headers: repeated `apns-*`/`authorization` header → `DuplicateHeaders`;
    missing `apns-topic` with token auth → `MissingTopic`; topic outside
    `topics` → `TopicDisallowed`; unknown `apns-push-type` → `InvalidPushType`;
-   `apns-priority` not 1/5/10 → `BadPriority`; non-integer `apns-expiration` →
+   a topic with a push type's suffix (`.voip`, `.complication`, ...) and another
+   `apns-push-type` → `InvalidPushType`; `apns-priority` not 1/5/10, or 10 (or
+   none) with `apns-push-type: background` → `BadPriority`; non-integer `apns-expiration` →
    `BadExpirationDate`; `apns-collapse-id` over 64 bytes → `BadCollapseId`;
    `apns-id` not a UUID → `BadMessageId`;
 5. payload: empty → 400 `PayloadEmpty`; over 4096 bytes (5120 for `voip`) →
@@ -164,15 +166,18 @@ _UUID_RE = re.compile(
 )
 _INT_RE = re.compile(r"-?[0-9]+")
 # The topic Apple requires for each push type that has its own: `<bundle id><suffix>`.
-_TOPIC_SUFFIXES = (
-    ".voip",
-    ".complication",
-    ".push-type.liveactivity",
-    ".voip-ptt",  # pushtotalk
-    ".location-query",  # location
-    ".pushkit.fileprovider",  # fileprovider
-    ".push-type.widgets",  # widgets
-)
+# Such a topic carries only that type: APNs answers `InvalidPushType` to any other
+# `apns-push-type` sent to it (an `alert` or `background` push to a VoIP topic, say).
+_SUFFIX_PUSH_TYPES = {
+    ".voip": "voip",
+    ".complication": "complication",
+    ".push-type.liveactivity": "liveactivity",
+    ".voip-ptt": "pushtotalk",
+    ".location-query": "location",
+    ".pushkit.fileprovider": "fileprovider",
+    ".push-type.widgets": "widgets",
+}
+_TOPIC_SUFFIXES = tuple(_SUFFIX_PUSH_TYPES)
 _CHECKED_HEADERS = frozenset(
     {
         "authorization",
@@ -861,8 +866,16 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         push_type = headers.get("apns-push-type")
         if push_type is not None and push_type not in APNS_PUSH_TYPES:
             return "InvalidPushType"
+        if push_type is not None and topic is not None:
+            bound = next((t for s, t in _SUFFIX_PUSH_TYPES.items() if topic.endswith(s)), None)
+            if bound is not None and push_type != bound:
+                return "InvalidPushType"
         priority = headers.get("apns-priority")
         if priority is not None and priority not in ("10", "5", "1"):
+            return "BadPriority"
+        if push_type == "background" and priority in (None, "10"):
+            # Apple: a background push must use priority 5 (or 1); 10, which an omitted
+            # header means, "is an error". The reason is not documented: BadPriority.
             return "BadPriority"
         expiration = headers.get("apns-expiration")
         if expiration is not None and not _INT_RE.fullmatch(expiration):

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.api import ApnsAppConfig
 from plugins.matrix import msc3013
 from plugins.matrix.config import MatrixAppConfig
 from plugins.matrix.payloads import (
@@ -90,6 +91,14 @@ def apns_token(pushkey: str, convert: bool) -> str:
 # --- MSC3013 frames ------------------------------------------------------------------
 
 
+def _bound_push_type(app: MatrixAppConfig) -> str | None:
+    """The push type every push of `app` must carry (a VoIP app's PushKit tokens take
+    `voip` only: APNs answers `InvalidPushType` to any other), None when the frame may
+    choose (`alert`, `background`)."""
+    core = app.core
+    return core.bound_push_type if isinstance(core, ApnsAppConfig) else None
+
+
 @dataclass(frozen=True, slots=True)
 class _Frame:
     """The encrypted fields to forward and what kind of frame it is."""
@@ -130,10 +139,12 @@ def _apns_frame(
             # The sound (a divergence, Sygnal ignores it) gives way first: it must not
             # cost the encrypted notification its ciphertext, or the pushkey (§6.1).
             del payload["aps"]["sound"]
-        priority, push_type = 10, app.push_type or "alert"
+        priority, push_type = 10, _bound_push_type(app) or app.push_type or "alert"
     elif frame.kind == "boolean":
         payload = {"aps": {"content-available": 1}, **top}
-        priority, push_type = 5, "background"
+        # `background`, except on an app whose tokens take one push type only (a VoIP
+        # app's PushKit tokens): Apple refuses a background push to those.
+        priority, push_type = 5, _bound_push_type(app) or "background"
     else:
         badge = None
         if app.send_badge_counts:
@@ -144,7 +155,7 @@ def _apns_frame(
         if badge is None:
             return None
         payload = {"aps": {"badge": badge}, **top}
-        priority, push_type = 5, app.push_type or "alert"
+        priority, push_type = 5, _bound_push_type(app) or app.push_type or "alert"
     oversize = False
     if len(encode(payload)) > APNS_LIMIT:
         oversize = True
