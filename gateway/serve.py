@@ -570,6 +570,23 @@ def _run_worker(
         # does, for the parent to count a clean stop; not a traceback and status 1.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        if parent is not None and os.getppid() != parent:
+            _remove_orphaned_metrics()
+
+
+def _remove_orphaned_metrics() -> None:
+    """The parent died (SIGKILL, the OOM killer) and cannot remove the workers' metrics
+    directory: each worker removes its own files as it exits, and the directory once it
+    is empty (the last worker out), so no `pushgw-metrics-*` stays behind in $TMPDIR."""
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        return
+    for path in Path(directory).glob(f"*_{os.getpid()}.db"):
+        with contextlib.suppress(OSError):
+            path.unlink()
+    with contextlib.suppress(OSError):  # not empty: another worker is still exiting
+        os.rmdir(directory)
 
 
 def _stop_with_parent(parent: int) -> None:

@@ -115,7 +115,8 @@ def test_an_unreachable_database_is_one_line(tmp_path: Path, workers: str) -> No
         port = refusing.getsockname()[1]
         path = tmp_path / "pushgw.yaml"
         url = f"postgresql+asyncpg://u:S3cretPw@127.0.0.1:{port}/x"
-        path.write_text(yaml.safe_dump({"store": {"url": url}}))
+        receipts = {"directory": str(tmp_path / "receipts")}  # not var/ in the checkout
+        path.write_text(yaml.safe_dump({"store": {"url": url}, "receipts": receipts}))
         result = run("serve", "--config", str(path), "--port", str(listen_on), "--workers", workers)
     assert result.returncode == 1
     assert result.stderr.startswith(

@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -33,7 +32,6 @@ from gateway.testing.harness import GatewayHarness, base_config
 from tests.conftest import LOG_CAPTURE
 from tests.core.conftest import make_receipts
 
-SCRATCH = Path("/tmp/diskfull")
 DISK_SIZE = 256 * 1024
 GUARD = 30.0  # a bound for a failing test, never reached by a passing one
 
@@ -56,12 +54,12 @@ def _mount(target: Path, size: int) -> subprocess.CompletedProcess[bytes]:
 
 
 @pytest.fixture
-def small_disk() -> Iterator[Path]:
-    """A real 256 KiB file system (tmpfs), unmounted at the end."""
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 256 KiB file system (tmpfs) in the test's own tmp_path, unmounted at the end."""
     if shutil.which("mount") is None or os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root and mount(8)")
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    mountpoint = Path(tempfile.mkdtemp(prefix="mnt-", dir=SCRATCH))
+    mountpoint = tmp_path / "small-disk"
+    mountpoint.mkdir()
     done = _mount(mountpoint, DISK_SIZE)
     if done.returncode != 0:
         mountpoint.rmdir()

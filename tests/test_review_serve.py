@@ -261,6 +261,7 @@ def test_sigterm_during_start_up_stops_the_simulators(tmp_path: Path) -> None:
                 [*PUSHGW, *args],
                 stdout=subprocess.DEVNULL,
                 stderr=stderr_file,
+                cwd=tmp_path,  # its default receipts directory (var/receipts) lands here
                 start_new_session=True,  # the simulators too: cleaned up below whatever happens
             )
         try:
