@@ -396,12 +396,14 @@ def test_metrics_are_served_on_their_own_port(tmp_path: Path, workers: str) -> N
     try:
         assert proc.stderr is not None
         running = 0
+        seen = []
         for line in proc.stderr:  # each worker announces itself once it listens
+            seen.append(line)
             running += "Running on" in line
             if running == int(workers):
                 break
         else:
-            raise AssertionError("pushgw serve ended without listening")
+            raise AssertionError("pushgw serve ended without listening: " + "".join(seen))
         for _ in range(4):  # any worker may answer; none hangs on a held port
             url = f"http://127.0.0.1:{metrics_port}/metrics"
             with urllib.request.urlopen(url, timeout=10) as response:
