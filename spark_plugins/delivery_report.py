@@ -286,6 +286,8 @@ def run(
     started = time.monotonic()
     spark.conf.set("spark.sql.session.timeZone", "UTC")
 
+    if options["chart"]:
+        render.preload()
     source = read_receipts(spark, receipts_dir, max_reported=int(options["max_bad_lines"]))
     result = JobResult(NAME)
     collected: dict[str, list[dict[str, Any]]] = {}

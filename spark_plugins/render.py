@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import html
 import io
 import math
 import os
 import shutil
 import tempfile
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -117,14 +119,40 @@ def _writable_matplotlib_dir() -> None:
     os.environ["MPLCONFIGDIR"] = scratch
 
 
+_PYPLOT_LOCK = threading.Lock()
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend. Under a lock: `preload` may still be
+    importing it in the background when the chart is drawn."""
+    with _PYPLOT_LOCK:
+        _writable_matplotlib_dir()
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        return plt
+
+
+def preload() -> None:
+    """Import matplotlib in a background thread while Spark aggregates.
+
+    The import takes about half a second, which a report otherwise spends after the
+    aggregation, waiting; the driver's Python is idle meanwhile (the JVM works). A failed
+    import is left for `chart_png` to raise, in the job's own thread and error report.
+    """
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # chart_png raises it again, and reports it
+            _pyplot()
+
+    threading.Thread(target=load, name="pushgw-matplotlib", daemon=True).start()
+
+
 def chart_png(hourly: list[dict[str, Any]]) -> bytes:
     """Three panels over time: volume (ok / failed), success rate, latency p50/p95/p99."""
-    _writable_matplotlib_dir()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (vol, rate, lat) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
     placed = [(hour, r) for r in hourly if (hour := _hour(r.get("hour"))) is not None]
     placed.sort(key=lambda hour_row: hour_row[0])

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +18,7 @@ from tests.spark.conftest import START
 
 PNG = b"\x89PNG\r\n\x1a\n"
 H = 3600
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(hour: Any = START, **changes: Any) -> dict[str, Any]:
@@ -97,3 +102,58 @@ def test_the_page_says_when_its_group_table_is_cut(groups: int) -> None:
     cut = f"The {render.MAX_PAGE_GROUPS} largest of {groups} groups by volume"
     assert (cut in page) == (groups > render.MAX_PAGE_GROUPS)
     assert "app0000" not in page or groups == render.MAX_PAGE_GROUPS  # the smallest goes
+
+
+def _fresh_python(code: str, extra_path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`code` in a new interpreter (matplotlib not imported yet), from the project root."""
+    env = dict(os.environ)
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join([extra_path, env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_chart_drawn_while_matplotlib_preloads_is_whole() -> None:
+    """The job imports matplotlib in the background; the chart may be asked for at once."""
+    done = _fresh_python(
+        "import sys\n"
+        "from spark_plugins import render\n"
+        "render.preload()\n"
+        "png = render.chart_png([{'hour': 1700000000, 'total': 3, 'ok': 2,"
+        " 'success_rate': 2 / 3, 'latency_p50': 1.0, 'latency_p95': 2.0,"
+        " 'latency_p99': 3.0}])\n"
+        "sys.stdout.write(png[:8].hex())\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert bytes.fromhex(done.stdout) == PNG
+    assert "Traceback" not in done.stderr
+
+
+def test_a_failed_preload_is_silent_and_the_chart_reports_it(tmp_path: Path) -> None:
+    """No stray thread traceback: the error comes from chart_png, where the job reports it."""
+    broken = tmp_path / "matplotlib"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('matplotlib is broken here')\n")
+    done = _fresh_python(
+        "import threading\n"
+        "from spark_plugins import render\n"
+        "render.preload()\n"
+        "for thread in threading.enumerate():\n"
+        "    if thread.name == 'pushgw-matplotlib':\n"
+        "        thread.join()\n"
+        "try:\n"
+        "    render.chart_png([])\n"
+        "except ImportError as error:\n"
+        "    print('chart_png:', error)\n",
+        extra_path=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "chart_png: matplotlib is broken here"
+    assert done.stderr == ""
