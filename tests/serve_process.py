@@ -7,6 +7,9 @@ import re
 import sys
 from pathlib import Path
 
+# a port for the gateway under test, re-exported for the tests that run it
+from gateway.testing.relay import free_port as free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Seconds a test waits for a line or for the process to end before failing: bounded, as

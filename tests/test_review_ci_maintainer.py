@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 from pathlib import Path
 
 import yaml
 
-from tests.serve_process import finish, running_pids, spawn_serve
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.serve_process import finish, free_port, running_pids, spawn_serve
 
 
 async def test_workers_of_a_killed_parent_remove_the_metrics_directory(tmp_path: Path) -> None:
@@ -30,7 +23,7 @@ async def test_workers_of_a_killed_parent_remove_the_metrics_directory(tmp_path:
     config.write_text(
         yaml.safe_dump(
             {
-                "server": {"port": _free_port(), "workers": 2, "shutdown_timeout": 1},
+                "server": {"port": free_port(), "workers": 2, "shutdown_timeout": 1},
                 "store": {"url": f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}"},
                 "receipts": {"directory": str(tmp_path / "receipts")},
             }

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,16 +20,10 @@ import yaml
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
-from tests.serve_process import finish, gone, read_until, running_pids, spawn_serve
+from tests.serve_process import finish, free_port, gone, read_until, running_pids, spawn_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "cd" * 32
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _config(tmp_path: Path, apns: ApnsSimulator, port: int, workers: int) -> Path:
@@ -116,7 +109,7 @@ async def test_sighup_and_sigusr_are_ignored_with_a_line_and_nothing_is_lost(
     ignored, by the parent and by every worker; the gateway serves on, and the SIGTERM
     that follows stops it gracefully with every receipt kept."""
     async with ApnsSimulator() as apns:
-        port = _free_port()
+        port = free_port()
         proc = await _spawn(_config(tmp_path, apns, port, workers), asyncio.subprocess.PIPE)
         seen: list[str] = []
         try:
@@ -148,7 +141,7 @@ async def test_sigquit_stops_the_gateway_gracefully(tmp_path: Path, workers: int
     core by default: no drain, the accepted pushes' receipts lost, and with workers the
     parent gone and the workers left serving. It now stops the gateway as SIGTERM does."""
     async with ApnsSimulator() as apns:
-        port = _free_port()
+        port = free_port()
         proc = await _spawn(_config(tmp_path, apns, port, workers), asyncio.subprocess.PIPE)
         seen: list[str] = []
         try:
@@ -176,7 +169,7 @@ async def test_workers_stop_gracefully_when_their_parent_is_killed(tmp_path: Pat
     use") and their receipts waited in memory. Each worker now stops gracefully when its
     parent dies: it exits and publishes the receipts it held."""
     async with ApnsSimulator() as apns:
-        port = _free_port()
+        port = free_port()
         proc = await _spawn(_config(tmp_path, apns, port, 2), asyncio.subprocess.PIPE)
         seen: list[str] = []
         try:
@@ -204,7 +197,7 @@ async def test_a_closed_stderr_does_not_stop_the_gateway(tmp_path: Path) -> None
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the gateway writes a word
     async with ApnsSimulator() as apns:
-        port = _free_port()
+        port = free_port()
         try:
             proc = await _spawn(_config(tmp_path, apns, port, 1), write_end)
         finally:

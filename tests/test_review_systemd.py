@@ -31,15 +31,10 @@ import yaml
 
 from gateway import logs
 from gateway.systemd import Notifier
+from tests.serve_process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT = 120.0  # seconds a test waits for a datagram or an exit before failing
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _config(tmp_path: Path, port: int, workers: int) -> Path:
@@ -119,7 +114,7 @@ def test_serve_tells_systemd_it_is_ready_once_it_serves_and_when_it_stops(
 ) -> None:
     """`Type=notify`: before the fix `pushgw serve` sent nothing, so systemd waited for
     READY=1 until `TimeoutStartSec` and then killed a gateway that served all along."""
-    port = _free_port()
+    port = free_port()
     stderr = tmp_path / "stderr"
     address = str(tmp_path / "notify")
     with _notify_socket(address) as sock:
@@ -152,7 +147,7 @@ def test_with_workers_only_the_parent_notifies_once_every_worker_serves(
     other's under `NotifyAccess=main`), after every worker's `Running on`; the workers
     do not inherit `$NOTIFY_SOCKET`. Also an abstract-namespace address (`@name`), as
     systemd gives in containers."""
-    port = _free_port()
+    port = free_port()
     stderr = tmp_path / "stderr"
     address = f"@pushgw-review-systemd-{uuid.uuid4().hex}"
     with _notify_socket(address) as sock:

@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,19 +27,13 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
-from tests.serve_process import finish, gone, running_pids, spawn_serve
+from tests.serve_process import finish, free_port, gone, running_pids, spawn_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "ef" * 32
 WAIT = 60.0  # seconds a test waits for a condition before failing
 OPEN_NAME = re.compile(r"receipts-\d{8}T\d{6}Z-(\d+)-\d+\.jsonl\.open$")
 PUBLISHED_NAME = re.compile(r"receipts-\d{8}T\d{6}Z-(\d+)-\d+\.jsonl$")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _config(
@@ -170,7 +163,7 @@ async def test_every_worker_delivers_metrics_add_up_and_sigterm_drains_them_all(
     both: status 0, every receipt published, no `.open` file left behind."""
     receipts = tmp_path / "receipts"
     async with ApnsSimulator() as apns:
-        port, metrics_port = _free_port(), _free_port()
+        port, metrics_port = free_port(), free_port()
         config = _config(tmp_path, apns, workers=2, port=port, metrics_port=metrics_port)
         proc = await _spawn(config)
         seen: list[str] = []
@@ -214,7 +207,7 @@ async def test_a_worker_killed_outright_stops_the_gateway_with_one_line(tmp_path
     file, which the next start publishes: none is lost."""
     receipts = tmp_path / "receipts"
     async with ApnsSimulator() as apns:
-        port = _free_port()
+        port = free_port()
         proc = await _spawn(_config(tmp_path, apns, workers=2, port=port))
         seen: list[str] = []
         try:
@@ -276,7 +269,7 @@ async def test_an_inherited_multiprocess_directory_is_ignored(
         multiproc.mkdir()
         _stale_metrics(multiproc)
     async with ApnsSimulator() as apns:
-        port, metrics_port = _free_port(), _free_port()
+        port, metrics_port = free_port(), free_port()
         config = _config(tmp_path, apns, workers=1, port=port, metrics_port=metrics_port)
         proc = await _spawn(config, _env(PROMETHEUS_MULTIPROC_DIR=str(multiproc)))
         seen: list[str] = []
@@ -317,7 +310,7 @@ async def test_the_invalid_token_sweep_runs_once_per_node(
     `--workers 4`, four DELETEs over the same rows, competing for the same locks, where
     one does the job. The first worker alone sweeps now."""
     async with ApnsSimulator() as apns:
-        port = _free_port()
+        port = free_port()
         config = _config(tmp_path, apns, workers=2, port=port, store_url=postgres_url)
         upgrade = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "db", "upgrade", "--config", str(config),
