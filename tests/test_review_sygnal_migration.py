@@ -35,18 +35,12 @@ import yaml
 from gateway.testing.apns_sim import ApnsSimulator, generate_apns_auth_key
 from gateway.testing.harness import GatewayHarness, apns_app_config, base_config
 from plugins.matrix.sygnal_config import load_sygnal_config, translate_sygnal_config
-from tests.serve_process import finish, read_until
+from tests.serve_process import finish, free_port, read_until
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTIFY = "/_matrix/push/v1/notify"
 # 127.0.0.0/8 is loopback on Linux: a second local address to tell the two apart.
 OTHER_LOOPBACK = "127.0.0.2"
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _refused(host: str, port: int) -> bool:
@@ -200,8 +194,8 @@ async def test_serve_from_sygnal_conf_with_metrics_on_sygnals_address(
     """The container of Sygnal's README (`-e SYGNAL_CONF=...`) with the image's command
     swapped for `pushgw serve`: the load balancer's /health, Synapse's notify, and
     Prometheus scraping `metrics.prometheus.address`, not the HTTP address."""
-    port = _free_port()
-    metrics_port = _free_port(OTHER_LOOPBACK)
+    port = free_port()
+    metrics_port = free_port(OTHER_LOOPBACK)
     path = _sygnal_yaml(
         tmp_path,
         apns,
@@ -261,7 +255,7 @@ def test_prometheus_address_becomes_metrics_host(
 async def test_metrics_host_is_where_the_metrics_port_listens(
     tmp_path: Path, apns: ApnsSimulator
 ) -> None:
-    metrics_port = _free_port(OTHER_LOOPBACK)
+    metrics_port = free_port(OTHER_LOOPBACK)
     app = apns_app_config(apns, tmp_path)
     config = base_config(
         tmp_path,
