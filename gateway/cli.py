@@ -304,6 +304,8 @@ def cmd_db_backup(args: argparse.Namespace, _ctx: Any) -> int:
         )
     try:
         revisions = sqlite_backup(url, dest)
+    except FileExistsError:  # made while the copy was written: left as it is
+        raise UsageError(f"{dest}: already exists: give the name of a new file") from None
     except BackupRefused as exc:
         raise DatabaseError(f"database {shown_url(url)}: {exc}") from None
     except (sqlite3.Error, OSError) as exc:

@@ -77,6 +77,7 @@ from gateway.core.classify import APNS_RECONNECT, classify_apns
 from gateway.core.http import (
     ca_bundle,
     parse_retry_after,
+    printable,
     proxy_label,
     resolve_proxy,
     ssl_context,
@@ -759,7 +760,8 @@ async def _connect_tunnel(
         parts = status_line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or parts[1] != b"200":
             raise ConnectionError(
-                f"proxy {label} refused CONNECT to {target}: {status_line[:80].decode('latin-1')}"
+                f"proxy {label} refused CONNECT to {target}: "
+                + printable(status_line[:80].decode("latin-1"))
             )
     except BaseException:
         sock.close()

@@ -34,6 +34,7 @@ from gateway.core.classify import classify_fcm
 from gateway.core.http import (
     ca_bundle,
     parse_retry_after,
+    printable,
     proxy_label,
     resolve_proxy,
     ssl_context,
@@ -520,7 +521,7 @@ def _token_error(exc: BaseException, proxy: str | None = None) -> str:
         if isinstance(cause, requests.exceptions.ProxyError):
             via_proxy = True
         elif via_proxy and type(cause) is OSError and str(cause).startswith(_TUNNEL_FAILED):
-            answer = str(cause)[len(_TUNNEL_FAILED) :].strip()[:80]
+            answer = printable(str(cause)[len(_TUNNEL_FAILED) :].strip()[:80])
             return f"{type(exc).__name__}: proxy {_label(proxy)} refused CONNECT: {answer}"
         cause = cause.__cause__ or cause.__context__
     if via_proxy:
@@ -561,7 +562,7 @@ def _describe(exc: BaseException, proxy: str | None = None) -> str:
     if proxy is not None and isinstance(exc, aiohttp.ClientHttpProxyError):
         return (
             f"{name}: proxy {proxy_label(proxy)} refused CONNECT: "
-            f"{exc.status} {str(exc.message)[:80]}"
+            f"{exc.status} {printable(str(exc.message)[:80])}"
         )
     if proxy is not None and isinstance(exc, aiohttp.ClientProxyConnectionError):
         return f"{name}: proxy {proxy_label(proxy)} unreachable ({exc.os_error})"[:200]

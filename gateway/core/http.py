@@ -42,6 +42,15 @@ def resolve_proxy(explicit: str | None, url: str) -> str | None:
     return found[1] if found else None
 
 
+def printable(text: str) -> str:
+    """`text` with each character that is not printable as "?": what a proxy or an
+    upstream wrote (a CONNECT refusal's reason phrase), quoted in a log line or a
+    `detail`. A carriage return, a NEL or a vertical tab in it split the log line (the
+    journal made each piece an entry of its own), and escape sequences reached the
+    terminal of whoever read the log."""
+    return "".join(char if char.isprintable() else "?" for char in text)
+
+
 def proxy_label(proxy: str) -> str:
     """`host:port` of the proxy URL `proxy`, for errors and logs: never its user name
     or password (`http://user:pw@proxy:3128` gives `proxy:3128`). Checked at load."""

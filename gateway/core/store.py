@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -347,10 +348,21 @@ def sqlite_backup(url: str, dest: Path) -> list[str]:
     `VACUUM INTO`: one read transaction, so the copy is a consistent snapshot even while
     `pushgw serve` writes (WAL: readers and the writer do not block each other), and one
     file (a copy of the database file alone misses what is still in its `-wal`). Written
-    under a temporary name next to `dest` and renamed when complete, so `dest` is never a
-    half-written file. A database file that is missing is refused, not created.
+    under a temporary name next to `dest` and linked to `dest` when complete, so `dest` is
+    never a half-written file. A database file that is missing is refused, not created.
+
+    The copy holds what the database holds (Zulip device tokens in clear), in a directory
+    others may share (`/tmp`, a backup mount), so: the temporary file is a new one made
+    here (`mkstemp`: a random name, `O_EXCL`, never a symlink another user left there for
+    SQLite to follow), as readable as the database file and no more (umask 022 made
+    every copy world-readable); and `dest` is linked, never renamed over, so a file or
+    symlink that appeared there since the caller's check is `FileExistsError`, not
+    replaced. Where the file system has no hard links (FAT, some network mounts) it is
+    renamed after one more check.
     """
     import sqlite3
+    import stat
+    import tempfile
     import urllib.parse
 
     parsed = make_url(url)
@@ -359,10 +371,11 @@ def sqlite_backup(url: str, dest: Path) -> list[str]:
     source = Path(parsed.database or "")
     if not source.is_file():
         raise BackupRefused("no such database file: nothing to back up")
-    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    mode = stat.S_IMODE(source.stat().st_mode) & 0o666
     conn = sqlite3.connect(
         f"file:{urllib.parse.quote(str(source))}?mode=rw", uri=True, timeout=30.0
     )
+    partial: Path | None = None
     try:
         tables = conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
@@ -372,10 +385,24 @@ def sqlite_backup(url: str, dest: Path) -> list[str]:
         revisions = sorted(
             row[0] for row in conn.execute("SELECT version_num FROM alembic_version")
         )
-        conn.execute("VACUUM INTO ?", (str(partial),))
-        os.replace(partial, dest)
+        fd, name = tempfile.mkstemp(prefix=f".{dest.name}.partial-", dir=dest.parent)
+        partial = Path(name)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        conn.execute("VACUUM INTO ?", (str(partial),))  # an empty file: SQLite fills it
+        try:
+            os.link(partial, dest, follow_symlinks=False)
+        except FileExistsError:
+            raise
+        except OSError:  # no hard links here
+            if os.path.lexists(dest):
+                raise FileExistsError(errno.EEXIST, "File exists", str(dest)) from None
+            os.replace(partial, dest)
     finally:
         conn.close()
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
+        if partial is not None:
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
     return revisions
