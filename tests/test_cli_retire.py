@@ -218,7 +218,7 @@ def test_an_unmigrated_database_retires_nothing(
     db = tmp_path / "db.sqlite"
     assert err == (
         f"pushgw: error: database sqlite+aiosqlite:///{db}: not migrated (core_0001, "
-        "sample_0001 pending) and store.auto_upgrade is false: run `pushgw db upgrade`\n"
+        "core_0002, sample_0001 pending) and store.auto_upgrade is false: run `pushgw db upgrade`\n"
     )
     tables = sqlite3.connect(db).execute("SELECT name FROM sqlite_master").fetchall()
     assert tables == []

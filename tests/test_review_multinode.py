@@ -149,7 +149,8 @@ async def test_nodes_migrating_at_once_both_start(
         } <= await tables(store)
         async with store.engine.connect() as conn:
             heads = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars()
-            assert sorted(heads) == ["sample_0001", "zulip_0004"]  # core_0001: their base
+            # core_0001: their base; core_0002: the core's head
+            assert sorted(heads) == ["core_0002", "sample_0001", "zulip_0004"]
     finally:
         await store.close()
         await monitor_store.close()
@@ -241,7 +242,7 @@ async def test_a_node_that_does_not_migrate_refuses_a_database_not_at_head(
             proc.communicate(timeout=WAIT)
     pending = "sample_0001, zulip_0001, zulip_0002, zulip_0003, zulip_0004"
     if start == "empty":
-        pending = f"core_0001, {pending}"
+        pending = f"core_0001, core_0002, {pending}"
     assert err.endswith(
         f"pushgw: error: database {postgres_url}: not migrated ({pending} pending) and "
         "store.auto_upgrade is false: run `pushgw db upgrade`\n"

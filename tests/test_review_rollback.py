@@ -108,6 +108,7 @@ async def test_each_downgrade_gives_back_the_schema_and_rows_before_the_upgrade(
     await store.upgrade([ZULIP])
     assert await schema(store) != before
     await alembic(store.url, "downgrade", f"zulip@{revision}")
+    await alembic(store.url, "downgrade", "core@core_0001")  # the core's head came too
     assert await schema(store) == before
     assert await server_rows(store) == rows == [(SERVER_UUID, "push.example")]
     await store.upgrade([ZULIP])  # and up again
@@ -159,7 +160,7 @@ async def test_an_older_node_refuses_a_newer_database_saying_what_to_do(
         assert result.stderr == (
             f"pushgw: error: database {store.url}: at revision zulip_0005, which this pushgw "
             "does not know: a newer pushgw migrated it (roll it back with that one: "
-            "`pushgw db downgrade core_0001 zulip_0004`, docs/cli.md), or the plugin of "
+            "`pushgw db downgrade core_0002 zulip_0004`, docs/cli.md), or the plugin of "
             "that revision is no longer installed (docs/plugins.md)\n"
         ), args
     assert await schema(store) == before  # nothing touched
@@ -176,8 +177,8 @@ async def test_db_downgrade_rolls_back_to_an_older_releases_revisions(
         assert await repo.create_server(conn, SERVER_UUID, "k", "push.example", "e")
     await store.engine.dispose()
     config = _config(tmp_path, store.url)
-    # the older release's revisions, as its refusal names them: core_0001 is below the
-    # zulip branch's revisions (they depend on it) and stays
+    # the older release's revisions, as its refusal names them: core_0002 is undone,
+    # core_0001 is below the zulip branch's revisions (they depend on it) and stays
     result = await asyncio.to_thread(pushgw, config, "db", "downgrade", "core_0001", "zulip_0003")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"database at zulip_0003 ({store.dialect}): {store.url}\n"

@@ -28,6 +28,7 @@ from plugins.zulip.tables import metadata as zulip_metadata
 
 ZULIP = pushgw_migrations()
 ZULIP_HEAD = "zulip_0004"
+CORE_HEAD = "core_0002"  # a head of its own: the zulip branch depends on core_0001
 PUSHGW = [sys.executable, "-m", "gateway.cli"]
 
 
@@ -81,7 +82,7 @@ async def heads(s: Store) -> set[str]:
 async def test_migrated_database_equals_the_models(store: Store) -> None:
     await store.upgrade([ZULIP])
     assert await drift(store) == []
-    assert await heads(store) == {ZULIP_HEAD}
+    assert await heads(store) == {CORE_HEAD, ZULIP_HEAD}
 
 
 async def test_upgrade_downgrade_base_upgrade_again(store: Store) -> None:
@@ -93,7 +94,7 @@ async def test_upgrade_downgrade_base_upgrade_again(store: Store) -> None:
     assert await drift(store) == []
     # each revision of the zulip branch down and up again, one step at a time
     await alembic(store.url, "downgrade", "zulip@zulip_0001")
-    assert await heads(store) == {"zulip_0001"}
+    assert await heads(store) == {CORE_HEAD, "zulip_0001"}
     await alembic(store.url, "downgrade", "zulip@base")
     assert not any(t.startswith("zulip_") for t in await tables(store))
     assert "pushgw_invalid_tokens" in await tables(store)
@@ -169,7 +170,7 @@ async def test_rows_of_each_earlier_revision_survive_the_upgrade(store: Store) -
     before = await _snapshot(store)
     assert all(len(rows) == 1 for rows in before.values()), before
     await store.upgrade([ZULIP])
-    assert await heads(store) == {ZULIP_HEAD}
+    assert await heads(store) == {CORE_HEAD, ZULIP_HEAD}
     assert await _snapshot(store) == before
     await alembic(store.url, "downgrade", "zulip@zulip_0001")
     assert await _snapshot(store) == before
@@ -308,19 +309,24 @@ async def test_db_upgrade_from_an_earlier_revision_and_refusals(
     result = await asyncio.to_thread(pushgw, checked, "zulip", "servers")
     assert result.returncode == 1, result
     assert result.stderr.endswith(
-        "not migrated (zulip_0002, zulip_0003, zulip_0004 pending) and "
+        "not migrated (core_0002, zulip_0002, zulip_0003, zulip_0004 pending) and "
         "store.auto_upgrade is false: run `pushgw db upgrade`\n"
     ), result.stderr
 
     result = await asyncio.to_thread(pushgw, config("up.yaml"), "db", "upgrade")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"database at head ({store.dialect}): {store.url}\n"  # no password
-    assert await heads(store) == {ZULIP_HEAD}
+    assert await heads(store) == {CORE_HEAD, ZULIP_HEAD}
     assert await _snapshot(store) == before
 
     # a database migrated by a later pushgw than this one: refused, the revision named
     async with store.engine.begin() as conn:
-        await conn.execute(text("UPDATE alembic_version SET version_num = 'zulip_0999'"))
+        await conn.execute(
+            text(
+                "UPDATE alembic_version SET version_num = 'zulip_0999' "
+                "WHERE version_num = 'zulip_0004'"
+            )
+        )
     await store.engine.dispose()
     result = await asyncio.to_thread(pushgw, config("up.yaml"), "db", "upgrade")
     assert result.returncode == 1 and result.stdout == ""

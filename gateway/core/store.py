@@ -23,7 +23,7 @@ from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import Script, ScriptDirectory
 from alembic.util import CommandError, to_tuple
-from sqlalchemy import Column, DateTime, MetaData, String, Table, event, text
+from sqlalchemy import Column, DateTime, Index, MetaData, String, Table, event, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -50,6 +50,8 @@ invalid_tokens = Table(
     Column("provider", String(8), nullable=True),
     Column("reason", String(64), nullable=True),
     Column("invalidated_at", DateTime(timezone=True), nullable=False),
+    # the sweep's `invalidated_at < cutoff` (migration core_0002)
+    Index("ix_pushgw_invalid_tokens_invalidated_at", "invalidated_at"),
 )
 
 
