@@ -249,6 +249,7 @@ def run_jobs(
 
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # as a shell reports a command SIGTERM ended
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # Ctrl-C, as a shell reports it
 
 
 def result_file(job: str) -> str:
@@ -363,7 +364,13 @@ def submit_main(job_name: str | None = None, argv: Sequence[str] | None = None) 
     jobs = select_jobs(known, names)
     if jobs is None:
         return 2
-    status, _ = run_jobs(jobs, args.receipts, args.out, args.option)
+    try:
+        status, _ = run_jobs(jobs, args.receipts, args.out, args.option)
+    except KeyboardInterrupt:
+        # Ctrl-C (spark-submit's process group): `run_jobs` said in one line what it
+        # left incomplete; a traceback after it would bury that line. 130, as
+        # `pushgw spark run` and a shell report it.
+        return EXIT_INTERRUPTED
     return status
 
 

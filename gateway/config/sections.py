@@ -74,6 +74,18 @@ class ServerConfig(ConfigModel):
         """The address `metrics_port` listens on: `metrics_host`, else `host`."""
         return self.metrics_host or self.host
 
+    @model_validator(mode="after")
+    def _metrics_host_needs_port(self) -> ServerConfig:
+        # Without `metrics_port`, /metrics is on the main port: a `metrics_host` meant to
+        # keep it on loopback or a private interface would be ignored without a word.
+        if self.metrics_host is not None and self.metrics_port is None:
+            raise ValueError(
+                "metrics_host is the address of metrics_port, which is not set: /metrics "
+                "would be served on the main port (host:port); set metrics_port too, or "
+                "remove metrics_host"
+            )
+        return self
+
     @field_validator("event_loop")
     @classmethod
     def _uvloop_installed(cls, value: str) -> str:
