@@ -190,6 +190,7 @@ def test_duckdb_reads_the_directory_as_documented(tmp_path: Path) -> None:
     and `.parquet.tmp`, and a crashed writer's `.jsonl` whose last line was cut: the
     JSON Lines recipe keeps `v = 1`, and `ts` converts to a UTC timestamp."""
     import duckdb  # a dev dependency: docs/receipts.md gives this recipe
+
     parquet_items, jsonl_items = items(30, seed=51), items(12, seed=52)
     synthetic.write_with_receipt_writer(parquet_items, tmp_path, file_format="parquet")
     synthetic.write_with_receipt_writer(jsonl_items, tmp_path / "old")
