@@ -8,8 +8,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +20,11 @@ from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
 from gateway.testing.harness import apns_app_config
 from tests.core.test_dispatcher import ScriptedClient, scripted_dispatcher
+from tests.serve_process import free_port, read_until, spawn_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "ab" * 32
 STUCK = 600.0  # seconds the provider takes to answer: longer than any test runs
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _notify_body(n: int) -> dict[str, Any]:
@@ -61,25 +54,9 @@ async def _serve(tmp_path: Path, apns: ApnsSimulator, port: int) -> asyncio.subp
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PUSHGW_CONFIG", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        cwd=ROOT,
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    seen: list[str] = []
-    while line := (await proc.stderr.readline()).decode():
-        seen.append(line)
-        if "Running on" in line:
-            return proc
-    await proc.wait()
-    raise AssertionError("pushgw serve did not start: " + "".join(seen))
+    proc = await spawn_serve(config, env)
+    await read_until(proc, [], r"Running on")
+    return proc
 
 
 async def test_a_notify_stuck_at_the_provider_is_answered_when_sigterm_comes(
@@ -93,7 +70,7 @@ async def test_a_notify_stuck_at_the_provider_is_answered_when_sigterm_comes(
     Parquet file is published whole."""
     async with ApnsSimulator() as apns:
         apns.script_all(ApnsResponse.ok(delay=STUCK))
-        port = _free_port()
+        port = free_port()
         proc = await _serve(tmp_path, apns, port)
         try:
             async with aiohttp.ClientSession() as session:
