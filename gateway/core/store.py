@@ -60,6 +60,13 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=5000")
+    # Erasure (docs/privacy.md): a deleted row's bytes (a device token in clear) are
+    # overwritten with zeros instead of left in a free page of the file, whatever the
+    # build's default (Debian's SQLite zeroes them, most others do not); and the WAL
+    # file is cut back after each checkpoint instead of keeping old frames, which hold
+    # the rows as they were before the delete, until they happen to be overwritten.
+    cursor.execute("PRAGMA secure_delete=ON")
+    cursor.execute("PRAGMA journal_size_limit=0")
     cursor.close()
 
 
@@ -120,6 +127,26 @@ class Store:
             return True
         except Exception:
             return False
+
+    async def checkpoint(self, *, truncate: bool = True) -> bool:
+        """Put what was deleted out of the database files (erasure, docs/privacy.md).
+
+        SQLite in WAL mode writes a delete to the `-wal` file first; the database file
+        keeps the row until the next checkpoint (every 1000 pages of writes, or when the
+        last connection closes), and the `-wal` file keeps its earlier frames until it
+        is reset. With `truncate`, this checkpoints and empties it at once
+        (`wal_checkpoint(TRUNCATE)`, which waits for readers and holds writers back
+        meanwhile: for commands); without, it checkpoints what no reader needs and the
+        `-wal` file is cut back at the next write (`PASSIVE`: for a running gateway).
+        False when a reader kept it from completing (run it again). PostgreSQL: nothing
+        to do here (autovacuum reclaims deleted rows); True.
+        """
+        if self.dialect != "sqlite":
+            return True
+        mode = "TRUNCATE" if truncate else "PASSIVE"
+        async with self.engine.connect() as conn:
+            row = (await conn.exec_driver_sql(f"PRAGMA wal_checkpoint({mode})")).first()
+        return row is not None and row[0] == 0
 
     async def upgrade(
         self, version_locations: Sequence[str] = (), known: Sequence[str] = ()

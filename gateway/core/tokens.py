@@ -247,21 +247,31 @@ async def sweep_invalid_tokens(store: Store, older_than: float) -> int:
     then, and the provider answers again if the token is ever used again): without this
     sweep `pushgw_invalid_tokens` grew by every dead token for as long as the gateway ran.
     Idempotent, so every node may run it (the first of its workers does: `running_core`).
+
+    Then a passive checkpoint (SQLite): what was deleted since the last one, by the sweep
+    or by any plugin (an unregistered device's token in clear), leaves the database files
+    within the hour even on a gateway too quiet to reach SQLite's own checkpoints.
     """
     cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
     async with store.engine.begin() as conn:
         result = await conn.execute(
             delete(invalid_tokens).where(invalid_tokens.c.invalidated_at < cutoff)
         )
+    await store.checkpoint(truncate=False)
     return result.rowcount or 0
 
 
-async def sweep_invalid_tokens_forever(store: Store, older_than: float) -> None:
+async def sweep_invalid_tokens_forever(
+    store: Store, older_than: float, on_failure: Callable[[], object] | None = None
+) -> None:
     """`sweep_invalid_tokens` now and every `SWEEP_INTERVAL` s; a failure (the database
-    down) is logged, in one line, and the next sweep tries again."""
+    down) is logged, in one line, counted by `on_failure` (the core's
+    `pushgw_invalid_token_sweep_failures_total`), and the next sweep tries again."""
     while True:
         try:
             await sweep_invalid_tokens(store, older_than)
         except Exception as exc:
             log.warning("could not sweep old invalid-token records: %s", describe_error(exc))
+            if on_failure is not None:
+                on_failure()
         await asyncio.sleep(SWEEP_INTERVAL)

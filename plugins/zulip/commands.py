@@ -10,6 +10,8 @@
     pushgw zulip keys remove PUBLIC [--file PATH]
     pushgw zulip gc [--older-than 30d] [--dry-run]
     pushgw zulip rehash-tokens                       (after rotating receipts.hmac_key)
+    pushgw zulip forget (--realm UUID --token-id ID | --server UUID --user-id N|--user-uuid U
+                         | --token-hash HASH)        (erase one device's registrations now)
 
 Bouncer keys live in the JSON file named by `plugins.zulip.bouncer_keys_file` or `--file`
 (the same `{public: private}` shape as Zulip's `push_registration_encryption_keys`); a
@@ -24,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import secrets
 import string
 import sys
@@ -38,7 +41,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.api import CommandContext, expand_home
 from plugins.zulip import repo
 from plugins.zulip.config import ZulipConfig
-from plugins.zulip.crypto import CryptoError, generate_bouncer_key, load_bouncer_keys
+from plugins.zulip.crypto import (
+    CryptoError,
+    generate_bouncer_key,
+    load_bouncer_keys,
+    token_id_to_int64,
+)
 from plugins.zulip.errors import ZulipError
 from plugins.zulip.gc import collect, parse_duration
 from plugins.zulip.validation import validate_email, validate_hostname, validate_org_id
@@ -104,6 +112,21 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
         help="remake the stored token hashes under the current receipts.hmac_key",
     )
     rehash.set_defaults(handler=cmd_rehash_tokens)
+
+    forget = sub.add_parser(
+        "forget", help="erase a device's or a user's registrations now (an erasure request)"
+    )
+    which = forget.add_mutually_exclusive_group(required=True)
+    which.add_argument("--realm", help="realm UUID, with --token-id: one E2EE device")
+    which.add_argument("--server", help="server UUID, with --user-id or --user-uuid")
+    which.add_argument(
+        "--token-hash", help="the receipts' token_hash: every registration of that token"
+    )
+    forget.add_argument("--token-id", help="the device's push_token_id (decimal or base64)")
+    user = forget.add_mutually_exclusive_group()
+    user.add_argument("--user-id", help="the Zulip user id: all of the user's legacy devices")
+    user.add_argument("--user-uuid", help="the Zulip user UUID: all of the user's legacy devices")
+    forget.set_defaults(handler=cmd_forget)
 
     gc = sub.add_parser("gc", help="delete registrations dead for longer than the retention")
     gc.add_argument("--older-than", default=None, help="retention, e.g. 30d (default: config)")
@@ -423,4 +446,71 @@ async def cmd_gc(args: argparse.Namespace, command_context: CommandContext) -> i
         f"{verb} {counts.e2ee_of_deactivated_servers} E2EE and "
         f"{counts.legacy_of_deactivated_servers} legacy registrations of deactivated servers"
     )
+    return 0
+
+
+_TOKEN_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def _parse_token_id(text: str) -> int | None:
+    """A `push_token_id` as the Zulip server stores it (a signed int64) or as the
+    protocol carries it (8 bytes of base64); None when it is neither."""
+    with contextlib.suppress(ValueError):
+        value = int(text, 10)
+        return value if -(2**63) <= value < 2**63 else None
+    try:
+        return token_id_to_int64(text)
+    except CryptoError:
+        return None
+
+
+async def cmd_forget(args: argparse.Namespace, command_context: CommandContext) -> int:
+    """Erase registrations at once, for a request that cannot wait for gc: the rows go
+    (token in clear, hashes, dates), expired or not, and on SQLite the database files
+    are checkpointed so that their bytes leave the disk too (docs/privacy.md)."""
+    realm_mode = args.realm is not None
+    if realm_mode != (args.token_id is not None):
+        return _fail("--realm and --token-id go together", EXIT_USAGE)
+    user_given = args.user_id is not None or args.user_uuid is not None
+    if (args.server is not None) != user_given:
+        return _fail("--server goes with --user-id or --user-uuid", EXIT_USAGE)
+    token_id = _parse_token_id(args.token_id) if realm_mode else None
+    if realm_mode and token_id is None:
+        return _fail("--token-id: not a push_token_id (a decimal int64 or base64)", EXIT_USAGE)
+    if args.token_hash is not None and not _TOKEN_HASH.fullmatch(args.token_hash):
+        # not echoed: it could be a device token in clear
+        return _fail("--token-hash: must be 64 lowercase hex characters", EXIT_USAGE)
+    user_id: int | None = None
+    if args.user_id is not None:
+        try:
+            user_id = int(args.user_id, 10)
+        except ValueError:
+            return _fail("--user-id: not a whole number", EXIT_USAGE)
+    async with command_context.open_store() as store:
+        _config(command_context.load())  # the plugin disabled: one line, status 2
+        async with store.engine.begin() as conn:
+            if realm_mode:
+                assert token_id is not None
+                realm = await repo.get_realm(conn, args.realm)
+                if realm is None:
+                    return _fail("no such realm")
+                e2ee, legacy = await repo.forget_e2ee_device(conn, realm.id, token_id), 0
+            elif args.server is not None:
+                server = await repo.get_server(conn, args.server)
+                if server is None:
+                    return _fail("no such server")
+                e2ee = 0
+                legacy = await repo.legacy_unregister_all(
+                    conn, server_id=server.id, user_id=user_id, user_uuid=args.user_uuid
+                )
+            else:
+                e2ee, legacy = await repo.forget_token_hash(conn, args.token_hash)
+        flushed = await store.checkpoint()
+    print(f"deleted {e2ee} E2EE and {legacy} legacy registrations")
+    if not flushed:
+        print(
+            "pushgw zulip: warning: a reader kept the database's WAL file from being "
+            "emptied: run the command again to take the deleted rows off the disk",
+            file=sys.stderr,
+        )
     return 0

@@ -633,6 +633,23 @@ async def rehash_tokens(conn: AsyncConnection, token_hash: Callable[[str], str])
     return changed
 
 
+async def forget_e2ee_device(conn: AsyncConnection, realm_id: int, token_id: int) -> int:
+    """Delete one E2EE registration outright, expired or not (an erasure request)."""
+    return await _delete(
+        conn,
+        e2ee_devices,
+        and_(e2ee_devices.c.realm_id == realm_id, e2ee_devices.c.token_id == token_id),
+    )
+
+
+async def forget_token_hash(conn: AsyncConnection, token_hash: str) -> tuple[int, int]:
+    """Delete every registration, E2EE (expired too) and legacy, whose stored keyed hash
+    is `token_hash`: (E2EE rows, legacy rows) deleted."""
+    e2ee = await _delete(conn, e2ee_devices, e2ee_devices.c.token_hash == token_hash)
+    legacy = await _delete(conn, legacy_devices, legacy_devices.c.token_hash == token_hash)
+    return e2ee, legacy
+
+
 async def legacy_by_token_hash(conn: AsyncConnection, token_hash: str) -> Sequence[DbRow]:
     result = await conn.execute(
         select(legacy_devices.c.token, legacy_devices.c.kind, legacy_devices.c.ios_app_id).where(
