@@ -237,11 +237,15 @@ def _enabled_error(error: ConfigError, source: str | None, settings: Settings) -
 
 def create_app(gateway: LoadedGateway) -> web.Application:
     settings = gateway.settings
+    stopping = Stopping()
     app = web.Application(
-        middlewares=[_request_middleware(gateway.runtime.metrics, settings.server.body_timeout)],
+        middlewares=[
+            _request_middleware(gateway.runtime.metrics, settings.server.body_timeout, stopping)
+        ],
         client_max_size=settings.server.client_max_size,
     )
     app[GATEWAY] = gateway
+    app[STOPPING] = stopping
     app[_STORE_PING] = _SharedPing()
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
@@ -564,6 +568,21 @@ async def _metrics_server_ctx(app: web.Application) -> AsyncIterator[None]:
 # --- core endpoints ------------------------------------------------------------------
 
 
+class Stopping:
+    """Whether a stop signal came and the gateway still serves (`server.shutdown_delay`):
+    `/readyz` then answers 503 (`"stopping": true`), and every answer closes its
+    connection, so that keep-alive clients reconnect, through the balancer, elsewhere."""
+
+    def __init__(self) -> None:
+        self.active = False
+
+    def begin(self) -> None:
+        self.active = True
+
+
+STOPPING = web.AppKey("stopping", Stopping)
+
+
 async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -602,6 +621,9 @@ async def _readyz(request: web.Request) -> web.Response:
     if details:
         checks["service_status"] = details
     ok = checks["store"] and all(checks["apps"].values()) and all(checks["services"].values())
+    if request.app[STOPPING].active:  # still serving, until server.shutdown_delay has passed
+        checks["stopping"] = True
+        ok = False
     writer = gateway.runtime.receipts
     if writer is not None:
         # Failing writes (a full disk) are reported at once; the node stays ready while
@@ -676,7 +698,9 @@ def _body_timed_out() -> web.Response:
     )
 
 
-def _request_middleware(metrics: Metrics, body_timeout: float | None = None) -> Any:
+def _request_middleware(
+    metrics: Metrics, body_timeout: float | None = None, stopping: Stopping | None = None
+) -> Any:
     http_requests = metrics.children(metrics.http_requests)
     # Request ids must be unique in the logs, not unpredictable: a random per-process
     # prefix and a sequence, instead of uuid4's system call on every request.
@@ -709,10 +733,14 @@ def _request_middleware(metrics: Metrics, body_timeout: float | None = None) -> 
             status = response.status
             response.headers["X-Request-Id"] = rid
             _close_after_unreadable_body(request, response)
+            if stopping is not None and stopping.active:
+                response.force_close()  # the client's next request goes to another node
             return response
         except web.HTTPException as exc:
             status = exc.status
             _close_after_unreadable_body(request, exc)
+            if stopping is not None and stopping.active:
+                exc.force_close()
             raise
         except Exception:
             # A bug of ours: never a traceback to the client, always one in the log.

@@ -126,9 +126,14 @@ def _say_ignored(signum: int, _frame: Any) -> None:
 
 def _tell(line: str) -> None:
     """One line on stderr. A stderr whose reader has gone (`pushgw serve 2>&1 | head -1`,
-    a log collector restarting) must not stop the gateway, nor its parent's supervision."""
+    a log collector restarting) must not stop the gateway, nor its parent's supervision.
+
+    One write, newline included: print() writes the text and its newline apart (stderr
+    is write-through), and workers saying something at the same moment (a stop signal)
+    ran their lines together into one, which log collectors then took as one record."""
     with contextlib.suppress(OSError, ValueError):
-        print(line, file=sys.stderr, flush=True)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def _serve(
@@ -238,7 +243,7 @@ def _serve(
                     os.kill(proc.pid, stop_signal)  # the signal came during start()
             ready_writer.close()  # the workers hold theirs: EOF once all of them exited
             started = [proc for proc in procs if proc.pid]
-            grace = 2 * server.shutdown_timeout + STOP_GRACE
+            grace = server.shutdown_delay + 2 * server.shutdown_timeout + STOP_GRACE
             shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             return _supervise(
                 started,
@@ -682,7 +687,7 @@ def _run_loaded(
     from aiohttp import web
 
     from gateway import logs
-    from gateway.app import create_app
+    from gateway.app import STOPPING, create_app
     from gateway.loops import loop_factory
 
     settings = loaded.settings
@@ -704,8 +709,10 @@ def _run_loaded(
     # not flushed, status 1. A worker always gets two: the parent forwards the signal that
     # systemd (KillMode=control-group) or a terminal's Ctrl-C sent to it and to the
     # worker alike. The first signal starts the shutdown, bounded by shutdown_timeout;
-    # the next ones are ignored.
+    # the next ones are ignored. With `server.shutdown_delay`, the gateway first serves
+    # on that long with /readyz 503, for the balancers to take it out (docs/kubernetes.md).
     stopped = False
+    delay = settings.server.shutdown_delay
 
     def stop(signum: int) -> None:
         nonlocal stopped
@@ -713,7 +720,18 @@ def _run_loaded(
             stopped = True
             if stopping is not None:
                 stopping(signum)
+            if delay > 0:
+                app[STOPPING].begin()
+                _tell(
+                    f"{where}: {_signal_name(signum)}: /readyz answers 503; still serving "
+                    f"for {delay:g} s (server.shutdown_delay), then draining"
+                )
+                loop.call_later(delay, graceful_exit)
+                return
             raise web.GracefulExit()
+
+    def graceful_exit() -> None:
+        raise web.GracefulExit()  # out of the loop, as from a signal handler
 
     def running(msg: str) -> None:
         _tell(f"{where}: {msg}")

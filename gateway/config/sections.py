@@ -56,6 +56,12 @@ class ServerConfig(ConfigModel):
         None, min_length=1, description="Address of metrics_port; default server.host"
     )
     shutdown_timeout: float = Field(10.0, ge=0, description="Drain deadline on shutdown")
+    # A balancer that finds backends by probing (a Kubernetes Service, HAProxy) still
+    # sends new connections for a while after the stop signal: refused, had the listener
+    # closed at once. The gateway keeps serving this long, /readyz 503, then drains.
+    shutdown_delay: float = Field(
+        0.0, ge=0, description="Seconds still serving, /readyz 503, after a stop signal"
+    )
     client_max_size: int = Field(1024 * 1024, ge=1024)
     # Slow or idle clients (slowloris) must not hold connections for ever: aiohttp bounds
     # the headers by its keep-alive timer, the core bounds the body (app.py).
