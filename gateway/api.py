@@ -16,6 +16,7 @@ from gateway.config import (
     ExistingFile,
     FcmAppConfig,
     HomePath,
+    TrustStore,
     expand_home,
     yaml_document,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "RepeatedLines",
     "Service",
     "Store",
+    "TrustStore",
     "expand_home",
     "fcm_data_size_bound",
     "hookimpl",

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from gateway.api import ApnsAppConfig, AppConfig, ConfigModel, FcmAppConfig
+from gateway.api import ApnsAppConfig, AppConfig, ConfigModel, FcmAppConfig, TrustStore
 from plugins.marmot.keys import ServerKey
 from plugins.marmot.trigger import MARMOT_PUSH_MAX_CHUNKS, TriggerConfig
 
@@ -262,6 +262,11 @@ class MarmotConfig(ConfigModel):
         default=False,
         description="Offer permessage-deflate to relays (gift wraps are base64 ciphertext: ~25 % "
         "smaller for a lot of CPU on both ends)",
+    )
+    ca_file: TrustStore | None = Field(
+        default=None,
+        description="PEM CA certificates trusted for wss:// relays, in addition to the system "
+        "store (a relay behind a private CA)",
     )
     push_deadline: float = Field(
         default=30.0, gt=0, description="A wake hint goes stale: short deadline"

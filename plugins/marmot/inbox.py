@@ -32,7 +32,7 @@ from plugins.marmot.nostr import (
     sign_event,
     verify_signature,
 )
-from plugins.marmot.relay import auth_event, relay_label, safe_text
+from plugins.marmot.relay import auth_event, relay_label, safe_text, tls_options
 
 __all__ = ["KIND_INBOX_RELAYS", "InboxResult", "ensure_inbox_list", "fetch_newest", "publish"]
 
@@ -80,27 +80,60 @@ def _authentic(event: Event) -> bool:
     return expected == event.id and verify_signature(event.pubkey, event.id, event.sig)
 
 
-async def _answer_auth(ws: ClientConnection, key: ServerKey, url: str, msg: list[Any]) -> None:
+async def _answer_auth(ws: ClientConnection, key: ServerKey, url: str, msg: list[Any]) -> bool:
+    """Answer a NIP-42 challenge; whether it was one we could answer."""
     if len(msg) >= 2 and isinstance(msg[1], str) and len(msg[1]) <= 1024:
-        event = auth_event(key, url, msg[1])
+        try:
+            event = auth_event(key, url, msg[1])
+        except ValueError:  # a challenge that is not UTF-8 encodable
+            return False
         await ws.send(json.dumps(["AUTH", event.to_dict()], separators=(",", ":")))
+        return True
+    return False
 
 
-async def fetch_newest(url: str, key: ServerKey, timeout: float = 10.0) -> Event | bool | None:
+def _auth_required(reason: object) -> bool:
+    return isinstance(reason, str) and reason.startswith("auth-required:")
+
+
+async def fetch_newest(
+    url: str, key: ServerKey, timeout: float = 10.0, *, ca_file: str | None = None
+) -> Event | bool | None:
     """Newest valid kind-10050 event by ``key`` on one relay; None if none; False on failure."""
     sub = secrets.token_hex(8)
     flt = {"kinds": [KIND_INBOX_RELAYS], "authors": [key.pubkey_hex], "limit": 5}
     deadline = time.monotonic() + timeout
     newest: Event | None = None
+    req = json.dumps(["REQ", sub, flt], separators=(",", ":"))
+    # NIP-42: a relay that reads only to authenticated clients answers CLOSED "auth-required:",
+    # sending its challenge before or after that; the query is sent again once, authenticated.
+    authed = retried = waiting = False
     try:
-        async with connect(url, open_timeout=timeout, close_timeout=1.0) as ws:
-            await ws.send(json.dumps(["REQ", sub, flt], separators=(",", ":")))
+        async with connect(
+            url, open_timeout=timeout, close_timeout=1.0, **tls_options(url, ca_file)
+        ) as ws:
+            await ws.send(req)
             while True:
                 msg = await _recv(ws, deadline)
                 if msg is None:
                     continue
                 if msg[0] == "AUTH":
-                    await _answer_auth(ws, key, url, msg)
+                    authed = await _answer_auth(ws, key, url, msg) or authed
+                    if authed and waiting:
+                        waiting = False
+                        await ws.send(req)
+                elif (
+                    msg[0] == "CLOSED"
+                    and len(msg) >= 3
+                    and msg[1] == sub
+                    and _auth_required(msg[2])
+                    and not retried
+                ):
+                    retried = True
+                    if authed:
+                        await ws.send(req)
+                    else:
+                        waiting = True  # until the challenge arrives (or the deadline)
                 elif msg[0] == "EVENT" and len(msg) == 3 and msg[1] == sub:
                     try:
                         event = parse_event(msg[2])
@@ -129,28 +162,39 @@ async def fetch_newest(url: str, key: ServerKey, timeout: float = 10.0) -> Event
         return False
 
 
-async def publish(url: str, event: Event, key: ServerKey, timeout: float = 10.0) -> bool:
+async def publish(
+    url: str, event: Event, key: ServerKey, timeout: float = 10.0, *, ca_file: str | None = None
+) -> bool:
     """Send ``event`` to one relay and wait for its OK (answering an AUTH challenge once)."""
     deadline = time.monotonic() + timeout
     frame = json.dumps(["EVENT", event.to_dict()], separators=(",", ":"), ensure_ascii=False)
-    authed = False
+    # NIP-42: OK false "auth-required:" is retried once, authenticated; the relay's challenge
+    # may come before or after that answer.
+    authed = retried = waiting = False
     try:
-        async with connect(url, open_timeout=timeout, close_timeout=1.0) as ws:
+        async with connect(
+            url, open_timeout=timeout, close_timeout=1.0, **tls_options(url, ca_file)
+        ) as ws:
             await ws.send(frame)
             while True:
                 msg = await _recv(ws, deadline)
                 if msg is None:
                     continue
                 if msg[0] == "AUTH":
-                    await _answer_auth(ws, key, url, msg)
-                    authed = True
+                    authed = await _answer_auth(ws, key, url, msg) or authed
+                    if authed and waiting:
+                        waiting = False
+                        await ws.send(frame)
                 elif msg[0] == "OK" and len(msg) >= 3 and msg[1] == event.id:
                     if msg[2] is True:
                         return True
                     reason = msg[3] if len(msg) > 3 and isinstance(msg[3], str) else ""
-                    if reason.startswith("auth-required:") and authed:
-                        await ws.send(frame)  # NIP-42: retry once authenticated
-                        authed = False
+                    if _auth_required(reason) and not retried:
+                        retried = True
+                        if authed:
+                            await ws.send(frame)
+                        else:
+                            waiting = True  # until the challenge arrives (or the deadline)
                         continue
                     log.warning(
                         "relay %s refused the 10050 list: %s", relay_label(url), safe_text(reason)
@@ -186,11 +230,14 @@ async def ensure_inbox_list(
     publish_relays: Sequence[str] = (),
     *,
     timeout: float = 10.0,
+    ca_file: str | None = None,
 ) -> InboxResult:
     """Query, compare, publish if changed. Raises nothing; see :class:`InboxResult`."""
     targets = list(dict.fromkeys([*inbox_relays, *publish_relays]))
     result = InboxResult()
-    answers = await asyncio.gather(*(fetch_newest(u, key, timeout) for u in targets))
+    answers = await asyncio.gather(
+        *(fetch_newest(u, key, timeout, ca_file=ca_file) for u in targets)
+    )
     newest: Event | None = None
     for answer in answers:
         if answer is False:
@@ -211,7 +258,7 @@ async def ensure_inbox_list(
     if newest is not None and created_at <= newest.created_at:
         created_at = newest.created_at + 1  # replaceable: must be newer than what relays hold
     event = inbox_event(key, inbox_relays, created_at)
-    oks = await asyncio.gather(*(publish(u, event, key, timeout) for u in targets))
+    oks = await asyncio.gather(*(publish(u, event, key, timeout, ca_file=ca_file) for u in targets))
     result.accepted_by = [relay_label(u) for u, ok in zip(targets, oks, strict=True) if ok]
     result.published = bool(result.accepted_by)
     return result

@@ -47,6 +47,7 @@ import json
 import logging
 import random
 import secrets
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -71,6 +72,7 @@ __all__ = [
     "auth_event",
     "relay_label",
     "safe_text",
+    "tls_options",
 ]
 
 log = logging.getLogger("plugins.marmot.relay")
@@ -164,6 +166,8 @@ class RelaySettings:
     connect_timeout: float = 10.0
     eose_timeout: float = 15.0
     compression: bool = False
+    #: Extra trust store (PEM CA certificates) for ``wss://`` relays behind a private CA.
+    ca_file: str | None = None
 
     @property
     def max_message_bytes(self) -> int:
@@ -171,6 +175,17 @@ class RelaySettings:
         far above ``max_event_bytes``: messages in between are dropped one by one by the client,
         which keeps the connection. It stays a bound on what a relay can make us buffer."""
         return max(_MESSAGE_CEILING, 4 * self.max_event_bytes + 65_536)
+
+
+def tls_options(url: str, ca_file: str | None) -> dict[str, Any]:
+    """``connect()`` keywords for ``url``: for ``wss://`` with ``ca_file``, a verifying context
+    trusting that file's CAs in addition to the system store (``SSL_CERT_FILE`` applies to the
+    latter); nothing otherwise (the library's own default context, or plain ``ws://``)."""
+    if ca_file is None or urlsplit(url).scheme.lower() != "wss":
+        return {}
+    context = ssl.create_default_context()
+    context.load_verify_locations(cafile=ca_file)
+    return {"ssl": context}
 
 
 class RelaySink(Protocol):
@@ -236,6 +251,7 @@ class RelayClient:
         self._notice_budget = [0, 0]
         self._notices_not_logged = 0
         self._reported: set[str] = set()  # faults already logged on this connection
+        self._tls = tls_options(url, settings.ca_file)  # built once, reused on every reconnect
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -340,6 +356,7 @@ class RelayClient:
                     close_timeout=2.0,
                     user_agent_header=None,
                     compression="deflate" if s.compression else None,
+                    **self._tls,
                 ) as ws:
                     self._ws = ws
                     self._reported.clear()

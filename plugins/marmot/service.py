@@ -154,6 +154,7 @@ class MarmotService:
             backoff_max=config.backoff_max,
             connect_timeout=config.connect_timeout,
             compression=config.ws_compression,
+            ca_file=None if config.ca_file is None else str(config.ca_file),
         )
         self.relays = [
             RelayClient(url, key, self, self.relay_settings, clock=clock)
@@ -293,7 +294,12 @@ class MarmotService:
         wanted = relay_set(cfg.inbox_relays)
         delay = cfg.backoff_min
         for _attempt in range(6):
-            result = await ensure_inbox_list(self._key, cfg.inbox_relays, cfg.publish_relays)
+            result = await ensure_inbox_list(
+                self._key,
+                cfg.inbox_relays,
+                cfg.publish_relays,
+                ca_file=self.relay_settings.ca_file,
+            )
             self.inbox_result = result
             if result.published:
                 self.metrics.inbox_published.inc()
