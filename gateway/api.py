@@ -23,6 +23,7 @@ from gateway.config import (
 from gateway.context import CommandContext, PluginContext, Service
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.fcm import data_size_bound as fcm_data_size_bound
+from gateway.core.fcm import message_problem as fcm_message_problem
 from gateway.core.metrics import Children, Metrics
 from gateway.core.push import (
     ApnsOptions,
@@ -68,6 +69,7 @@ __all__ = [
     "TrustStore",
     "expand_home",
     "fcm_data_size_bound",
+    "fcm_message_problem",
     "hookimpl",
     "yaml_document",
 ]

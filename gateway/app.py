@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import inspect
 import itertools
 import logging
@@ -60,6 +61,8 @@ AppConfig = ApnsAppConfig | FcmAppConfig
 ClientFactory = Callable[[str, AppConfig, Settings], ProviderClient]
 
 CORE_ROUTES = ("/healthz", "/readyz", "/metrics")
+# An APNs certificate this close to its expiry is warned of at every start and check-config.
+CERTIFICATE_WARN_DAYS = 30
 METRICS_FLUSH_INTERVAL = 1.0  # seconds a metric change may wait before other workers see it
 # Methods labelled as sent; any other is "other". The method is the client's: aiohttp's
 # C parser knows a fixed list, but its pure-Python one (AIOHTTP_NO_EXTENSIONS, platforms
@@ -219,8 +222,40 @@ def check_credentials(
             app.check_credentials()
         except CredentialError as exc:
             problems.append((("plugins", plugin, "apps", app_id, exc.key), exc.message))
+            continue
+        if isinstance(app, ApnsAppConfig):
+            _warn_certificate_expiry(plugin, app_id, app)
     if problems:
         raise config_error(problems, source, settings.env_origins)
+
+
+def _warn_certificate_expiry(plugin: str, app_id: str, app: ApnsAppConfig) -> None:
+    """One line when an app's APNs certificate has expired or expires within
+    `CERTIFICATE_WARN_DAYS`: APNs then refuses its TLS handshake, and its pushes end
+    `certificate_expired` (`ApnsClient.send`). Not an error: the other apps start."""
+    expires = app.certificate_expires()
+    if expires is None:
+        return
+    now = datetime.datetime.now(datetime.UTC)
+    when = expires.strftime("%Y-%m-%d %H:%M UTC")
+    if expires <= now:
+        log.warning(
+            "app %s/%s: its APNs certificate (certfile) expired on %s: APNs refuses its "
+            "connections, every push of the app ends certificate_expired; renew the "
+            "certificate in the Apple developer account, replace the file and restart",
+            plugin,
+            app_id,
+            when,
+        )
+    elif expires - now <= datetime.timedelta(days=CERTIFICATE_WARN_DAYS):
+        log.warning(
+            "app %s/%s: its APNs certificate (certfile) expires on %s, in %d day(s); renew "
+            "it in the Apple developer account, replace the file and restart before then",
+            plugin,
+            app_id,
+            when,
+            (expires - now).days,
+        )
 
 
 def _enabled_error(error: ConfigError, source: str | None, settings: Settings) -> ConfigError:
@@ -392,13 +427,24 @@ class running_core:
         share_provider_tokens(clients.values())
         for (plugin, app_id), client in clients.items():
             dispatcher.add_app(plugin, app_id, client)
+        for (plugin, app_id), app_config in gw.apps.items():
+            if isinstance(app_config, ApnsAppConfig):
+                expires = app_config.certificate_expires()
+                if expires is not None:
+                    expiry = gw.runtime.metrics.apns_certificate_expiry.labels(plugin, app_id)
+                    expiry.set(expires.timestamp())
         await dispatcher.start()
         gw.runtime.dispatcher = dispatcher
         gw.runtime.receipts = self.writer
+        gw.runtime.metrics.start_time.set_to_current_time()
         self.flusher = asyncio.create_task(_flush_metrics(gw.runtime.metrics), name="metrics")
         if first_worker():  # once per node: N workers would each delete the same rows
             self.sweeper = asyncio.create_task(
-                sweep_invalid_tokens_forever(store, settings.store.invalid_tokens_retention),
+                sweep_invalid_tokens_forever(
+                    store,
+                    settings.store.invalid_tokens_retention,
+                    gw.runtime.metrics.token_sweep_failures.inc,
+                ),
                 name="invalid-tokens-sweep",
             )
         return gw

@@ -250,7 +250,7 @@ def test_a_push_type_apns_refuses_fails_the_config(
         ({"push_type": "voip", "topic": VOIP_TOPIC}, "voip"),
         ({"topic": VOIP_TOPIC}, "voip"),
         ({"topic": TOPIC + ".voip-ptt"}, "pushtotalk"),
-        ({"push_type": "voip"}, "voip"),
+        ({"push_type": "widgets", "topic": TOPIC + ".push-type.widgets"}, "widgets"),
         ({"push_type": "mdm"}, None),
     ],
 )

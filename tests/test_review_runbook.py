@@ -174,8 +174,11 @@ async def test_every_alert_rule_in_the_docs_reads_metrics_that_exist_after_real_
     async with ApnsSimulator() as apns, FcmSimulator() as fcm:
         deleted = tmp_path / "deleted-sa.json"
         make_service_account("deleted-project", fcm.token_uri, deleted)  # not known to Google
+        cert, key = apns.ca.issue(["client.example"])  # certificate auth: its expiry is a metric
+        (tmp_path / "push-cert.pem").write_bytes(cert.read_bytes() + key.read_bytes())
         apps = {
             "ios": apns_app_config(apns, tmp_path),
+            "ios-cert": {"type": "apns", "certfile": str(tmp_path / "push-cert.pem")},
             "ios-dead": apns_app_config(apns, tmp_path),
             "ios-wrongkey": apns_app_config(apns, tmp_path, key_id="WRONGKEY01"),
             "ios-down": apns_app_config(apns, tmp_path, port=closed_port()),

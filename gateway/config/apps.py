@@ -8,6 +8,7 @@ whose message never carries key material.
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import logging
@@ -71,6 +72,23 @@ APNS_TOPIC_SUFFIXES = {
     "fileprovider": ".pushkit.fileprovider",
     "widgets": ".push-type.widgets",
 }
+
+
+def topic_refusal(push_type: str | None, topic: str | None) -> str | None:
+    """Why APNs refuses `push_type` on `topic`, None when it may take it (or either is
+    unknown: no header, or a certificate's own topic).
+
+    Apple: a push type with a topic of its own (`voip`, `complication`, ...) must go to
+    `<bundle id><suffix>`. Sent to another topic, APNs answers `DeviceTokenNotForTopic`,
+    which says the token is dead: the registration would be ended for a sender's mistake.
+    """
+    suffix = APNS_TOPIC_SUFFIXES.get(push_type or "")
+    if suffix is None or topic is None or topic.endswith(suffix):
+        return None
+    return (
+        f"apns-push-type {push_type} needs an apns-topic ending in {suffix} "
+        "(APNs answers DeviceTokenNotForTopic to any other)"
+    )
 
 
 class ApnsAppConfig(ConfigModel):
@@ -139,6 +157,10 @@ class ApnsAppConfig(ConfigModel):
                 f"push_type {self.push_type} cannot go to the topic {self.topic} "
                 f"(APNs answers InvalidPushType): set push_type {bound}, or leave it unset"
             )
+        refusal = topic_refusal(self.push_type, self.topic)
+        if refusal is not None:
+            suffix = APNS_TOPIC_SUFFIXES[self.push_type or ""]
+            raise ValueError(f"{refusal}: set topic {self.topic}{suffix}")
         return self
 
     @model_validator(mode="after")
@@ -210,6 +232,23 @@ class ApnsAppConfig(ConfigModel):
             else:
                 problem = "the certificate or its private key does not load"
             raise CredentialError("certfile", problem) from None
+
+    def certificate_expires(self) -> datetime.datetime | None:
+        """When the certificate of `certfile` (its first: the one presented to APNs)
+        expires, in UTC; None with token auth or when no certificate can be read.
+
+        Apple's push certificates are valid for a year, and APNs refuses an expired one
+        at the TLS handshake, before any request: a loaded certificate says nothing of it.
+        """
+        if self.certfile is None:
+            return None
+        from cryptography import x509
+
+        try:
+            certificates = x509.load_pem_x509_certificates(self.certfile.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return certificates[0].not_valid_after_utc if certificates else None
 
 
 @dataclass(frozen=True)

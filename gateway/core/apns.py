@@ -73,6 +73,7 @@ from h2.exceptions import H2Error, NoAvailableStreamIDError
 from hpack import NeverIndexedHeaderTuple
 
 from gateway.config import ApnsAppConfig
+from gateway.config.apps import topic_refusal
 from gateway.core.classify import APNS_RECONNECT, classify_apns
 from gateway.core.http import (
     ca_bundle,
@@ -121,7 +122,10 @@ class _ProviderToken(AuthorizationHeaderProvider):
     Re-signed when older than `RESIGN_AFTER` (checked on use), and by `refresh()`:
     forced after an `ExpiredProviderToken` answer to the current token, otherwise
     only when older than `MIN_INTERVAL` (APNs answers TooManyProviderTokenUpdates
-    to tokens replaced more often than every 20 minutes).
+    to tokens replaced more often than every 20 minutes). A forced re-sign too comes
+    at most once per `MIN_INTERVAL`: when the token it signed is expired at once as
+    well, this host's clock is over an hour off Apple's, and a token signed for every
+    push would only turn the answers into TooManyProviderTokenUpdates, hiding the clock.
     """
 
     RESIGN_AFTER = 45 * 60.0
@@ -154,6 +158,7 @@ class _ProviderToken(AuthorizationHeaderProvider):
         self.issued_at = 0.0
         self.signatures = 0
         self._expired_generation = -1
+        self._forced_at = float("-inf")
         self._header = ""
         self._sign()
 
@@ -181,9 +186,14 @@ class _ProviderToken(AuthorizationHeaderProvider):
 
     def refresh(self) -> bool:
         """Re-sign if allowed (see class doc); True when a new token was signed."""
-        if self._expired_generation == self.generation or (
-            self._clock() - self.issued_at >= self.MIN_INTERVAL
+        now = self._clock()
+        if now - self.issued_at >= self.MIN_INTERVAL:
+            self._sign()
+            return True
+        if self._expired_generation == self.generation and now - self._forced_at >= (
+            self.MIN_INTERVAL
         ):
+            self._forced_at = now
             self._sign()
             return True
         return False
@@ -809,6 +819,11 @@ class ApnsClient:
             assert config.key_id and config.team_id
             # The loader `check-config` uses too (CredentialError when it does not load).
             self._auth = _ProviderToken(config.signing_key(), config.key_id, config.team_id)
+        # APNs refuses an expired certificate at the TLS handshake: every connection
+        # attempt failed `connection_error`, retried, then opened the circuit breaker,
+        # whose line points at the network. Past this time pushes end at once instead.
+        expires = config.certificate_expires()
+        self._certificate_expires = expires.timestamp() if expires is not None else None
         self._pool: _ApnsPool | None = None
         self._capacity_listener: Callable[[int], None] | None = None
 
@@ -869,6 +884,9 @@ class ApnsClient:
             log.info("APNs provider token re-signed for app %s", self.app_id)
 
     def validate(self, push: Push) -> Attempt | None:
+        expired = self._expired_certificate()
+        if expired is not None:
+            return expired
         _, refusal = self._prepare(push)
         return refusal
 
@@ -882,6 +900,9 @@ class ApnsClient:
         if refusal is not None:
             return refusal
         assert request is not None
+        expired = self._expired_certificate()
+        if expired is not None:
+            return expired
         generation = self._auth.generation if self._auth is not None else 0
         try:
             async with asyncio.timeout(self._timeout):
@@ -928,6 +949,16 @@ class ApnsClient:
 
     # helpers -------------------------------------------------------------------------
 
+    def _expired_certificate(self) -> Attempt | None:
+        """The refusal of every push once the app's certificate has expired (see __init__)."""
+        if self._certificate_expires is None or time.time() < self._certificate_expires:
+            return None
+        expired_on = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self._certificate_expires))
+        return _refusal(
+            Reason.CERTIFICATE_EXPIRED,
+            f"the app's APNs certificate expired on {expired_on}: renew it",
+        )
+
     @property
     def provider_token(self) -> _ProviderToken | None:
         """The shared JWT provider (None with certificate auth); for tests and metrics."""
@@ -971,6 +1002,10 @@ class ApnsClient:
                 return None, _refusal(
                     Reason.INVALID_PAYLOAD, f"{name} is empty or has control characters"
                 )
+        # The topic the request names; None leaves it to a certificate's own (unknown here).
+        mismatch = topic_refusal(push_type, opts.topic or self.config.topic)
+        if mismatch is not None:
+            return None, _refusal(Reason.INVALID_PAYLOAD, mismatch)
         if opts.priority is not None and opts.priority not in (1, 5, 10):
             return None, _refusal(Reason.INVALID_PAYLOAD, "apns-priority must be 1, 5 or 10")
         if opts.expiration is not None and opts.expiration < 0:

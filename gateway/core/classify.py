@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.core.push import Attempt, Outcome
+from gateway.core.push import Attempt, Outcome, Reason
 
 # --- APNs (§2.2) ---------------------------------------------------------------------
 
@@ -73,6 +73,7 @@ CONFIG_REASONS = frozenset(
         "APNS_AUTH_ERROR",
         "PERMISSION_DENIED",
         "NOT_FOUND",  # without an FCM errorCode: a wrong project (UNREGISTERED has its code)
+        Reason.CERTIFICATE_EXPIRED,  # not sent by APNs: `ApnsClient.send` ends such pushes
     }
 )
 # What an operator checks when the provider refuses an app's credential even after the

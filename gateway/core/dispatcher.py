@@ -101,6 +101,10 @@ class Lane:
     metrics: LaneMetrics
     pending: int = 0
     gate_until: float = 0.0  # monotonic time before which the credential is throttled
+    # Per device token: the monotonic time before which that one device is throttled (FCM
+    # QUOTA_EXCEEDED for one device's message rate, APNs TooManyRequests). Memory only,
+    # at most `DEVICE_GATES_MAX` entries (`_close_device_gate`).
+    device_gates: dict[str, float] = field(default_factory=dict)
     # For the lines that say a state ended (`_breaker_changed`, `_credential_state`):
     # the pushes that failed fast while the breaker was open, and those that ended `auth`
     # since the provider began refusing the credential.
@@ -113,6 +117,9 @@ class Lane:
 
 
 _CLIENT_FAILED = "the provider client raised an exception (see the gateway log)"
+# Devices throttled at once per lane whose gate is remembered: past it, the expired ones
+# and then the oldest are forgotten (a forgotten device's next push just asks again).
+DEVICE_GATES_MAX = 10_000
 
 
 @dataclass(slots=True)
@@ -191,6 +198,9 @@ class Dispatcher:
             metrics=LaneMetrics(self.metrics, plugin, client.kind.value, app_id),
         )
         self._lanes[(plugin, app_id)] = lane
+        self.metrics.queue_limit.labels(plugin, client.kind.value, app_id).set(
+            self.config.queue_size
+        )
 
     # --- sending -------------------------------------------------------------
 
@@ -291,6 +301,20 @@ class Dispatcher:
                 if not await self._pause(push, lane.gate_until - now):
                     return self._stopped(push, lane, last, attempts)
                 continue
+            if lane.device_gates:
+                # This device was throttled on its own (its message rate): its pushes wait
+                # for its back-off rather than each meet the same 429; the app's others go.
+                device_until = lane.device_gates.get(push.token, 0.0)
+                if device_until > now:
+                    if device_until >= deadline:
+                        return self._shed(
+                            push, lane, Reason.GATE_CLOSED, Outcome.THROTTLED, attempts, last
+                        )
+                    if not await self._pause(push, device_until - now):
+                        return self._stopped(push, lane, last, attempts)
+                    continue
+                if device_until:
+                    del lane.device_gates[push.token]
             # The slots count deadlines in the loop's clock, which need not be ours: uvloop's
             # is libuv's, on macOS `mach_continuous_time` (it counts the time the machine
             # slept; `time.monotonic()` does not), days apart after a laptop slept. Unconverted,
@@ -308,6 +332,9 @@ class Dispatcher:
                 # Closed while this push waited for its slot (a credential-wide 429 to the
                 # push before it): the gate holds every push not yet sent, so back to it.
                 lane.slots.release()
+                continue
+            if lane.device_gates and lane.device_gates.get(push.token, 0.0) > started:
+                lane.slots.release()  # this device was throttled meanwhile: to its gate
                 continue
             # Claimed here, with no await before the request: a push shed or stopped on
             # its way to a slot leaves the trial to the next one.
@@ -375,6 +402,10 @@ class Dispatcher:
                 # Before the retry budget is looked at: the gate is the credential's,
                 # and a push with no retry left must still close it for the others.
                 lane.gate_until = max(lane.gate_until, finished + delay)
+            elif outcome is Outcome.THROTTLED:
+                # One device's rate (FCM asks to slow down to that device, with backoff):
+                # its other pushes wait as long as this one, whatever its own budget.
+                self._close_device_gate(lane, push.token, finished + delay)
             if retries >= max_retries:
                 return self._final(push, lane, attempt, attempts)
             if finished + delay >= deadline:
@@ -382,6 +413,17 @@ class Dispatcher:
             retries += 1
             if not await self._pause(push, delay):
                 return self._stopped(push, lane, last, attempts)
+
+    @staticmethod
+    def _close_device_gate(lane: Lane, token: str, until: float) -> None:
+        gates = lane.device_gates
+        if token not in gates and len(gates) >= DEVICE_GATES_MAX:
+            now = time.monotonic()
+            for expired in [key for key, end in gates.items() if end <= now]:
+                del gates[expired]
+            while len(gates) >= DEVICE_GATES_MAX:
+                del gates[next(iter(gates))]  # the oldest
+        gates[token] = max(gates.get(token, 0.0), until)
 
     async def _pause(self, push: Push, seconds: float) -> bool:
         """Wait `seconds` (a retry's backoff, a closed gate); False when `drain()` began

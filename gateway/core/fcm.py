@@ -53,6 +53,37 @@ REFUSED_REFETCH = 60.0
 RESERVED_DATA_KEYS = frozenset({"from", "message_type"})
 RESERVED_DATA_PREFIXES = ("google", "gcm")
 TARGET_KEYS = ("token", "topic", "condition")
+# The v1 `Message` and `AndroidConfig` field names (proto3 JSON takes snake_case and
+# lowerCamelCase). FCM parses the body into its protobuf and refuses any other name with
+# a 400, which counts against the project's quota like a sent message: refused here.
+MESSAGE_FIELDS = frozenset(
+    {"name", "data", "notification", "android", "webpush", "apns", "fcm_options", "fcmOptions"}
+)
+ANDROID_FIELDS = frozenset(
+    {"priority", "ttl", "data", "notification", "fcm_options", "fcmOptions"}
+    | {"collapse_key", "collapseKey", "restricted_package_name", "restrictedPackageName"}
+    | {"direct_boot_ok", "directBootOk", "bandwidth_constrained_ok", "bandwidthConstrainedOk"}
+    | {"restricted_satellite_ok", "restrictedSatelliteOk"}
+)
+# Legacy-API (`/fcm/send`) names that a payload ported from it still carries, and where
+# HTTP v1 has them.
+LEGACY_FIELDS = {
+    "priority": "android.priority",
+    "time_to_live": 'android.ttl, a duration string such as "3600s"',
+    "collapse_key": "android.collapse_key",
+    "restricted_package_name": "android.restricted_package_name",
+    "delay_while_idle": "nothing (removed)",
+    "content_available": "apns.payload.aps.content-available",
+    "mutable_content": "apns.payload.aps.mutable-content",
+    "direct_boot_ok": "android.direct_boot_ok",
+    "to": "the push's token",
+    "registration_ids": "the push's token",
+}
+ANDROID_PRIORITIES = frozenset({"high", "normal", "HIGH", "NORMAL"})
+# protobuf JSON Duration: seconds with at most 9 fractional digits and an "s"; FCM takes
+# 0 to 4 weeks.
+TTL_FORMAT = re.compile(r"\d{1,12}(?:\.\d{1,9})?s")
+MAX_TTL = 2_419_200.0
 # The most of an answer's body kept: FCM's answers are a few hundred bytes (an error with
 # its details under 2 KiB). A proxy's or a broken upstream's body of tens of megabytes, or
 # one that never ends, was read whole into memory until `request_timeout`.
@@ -258,6 +289,9 @@ class FcmClient:
         for key in TARGET_KEYS:
             if key in payload:
                 return _refusal(Reason.INVALID_PAYLOAD, f"FCM message must not set {key!r}")
+        problem = message_problem(payload)
+        if problem is not None:
+            return _refusal(Reason.INVALID_PAYLOAD, problem)
         data = payload.get("data")
         if data is not None:
             if not isinstance(data, Mapping):
@@ -497,6 +531,47 @@ class FcmClient:
             now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
             lifetime = (expiry.replace(tzinfo=None) - now).total_seconds()
         return token, max(lifetime, 0.0)
+
+
+def message_problem(message: Mapping[str, Any]) -> str | None:
+    """What FCM HTTP v1 would refuse in `message` (its field names, `android`'s names,
+    `ttl`, `priority` and string fields), in words safe for a log: names and types, never
+    a value. None when nothing is found. `data` and the targets are checked by `validate`.
+    """
+    for key in message:
+        if key in MESSAGE_FIELDS or key in TARGET_KEYS:
+            continue
+        where = LEGACY_FIELDS.get(key) if isinstance(key, str) else None
+        if where is not None:
+            return f"FCM message field {key!r} is the legacy API's; in HTTP v1 it is {where}"
+        return f"FCM message has no field {printable(str(key)[:40])!r}"
+    android = message.get("android")
+    if android is None:
+        return None
+    if not isinstance(android, Mapping):
+        return "FCM android must be an object"
+    for key in android:
+        if key not in ANDROID_FIELDS:
+            if key == "time_to_live":
+                return "FCM android has no field 'time_to_live': use ttl, such as \"3600s\""
+            return f"FCM android has no field {printable(str(key)[:40])!r}"
+    ttl = android.get("ttl")
+    if ttl is not None:
+        if not isinstance(ttl, str) or not TTL_FORMAT.fullmatch(ttl):
+            kind = "a string" if isinstance(ttl, str) else type(ttl).__name__
+            return (
+                f'FCM android.ttl must be a duration string such as "3600s" or "3.5s" (got {kind})'
+            )
+        if float(ttl[:-1]) > MAX_TTL:
+            return f"FCM android.ttl is over {MAX_TTL:.0f}s (4 weeks)"
+    priority = android.get("priority")
+    if priority is not None and priority not in ANDROID_PRIORITIES:
+        return 'FCM android.priority must be "high" or "normal"'
+    for name in ("collapse_key", "collapseKey", "restricted_package_name", "restrictedPackageName"):
+        value = android.get(name)
+        if value is not None and not isinstance(value, str):
+            return f"FCM android.{name} must be a string (got {type(value).__name__})"
+    return None
 
 
 def _token_error(exc: BaseException, proxy: str | None = None) -> str:

@@ -86,7 +86,27 @@ def reason_label(reason: str | None, other: str = OTHER_REASON) -> str:
     return reason if reason in KNOWN_REASONS else other
 
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# From sub-millisecond answers (a simulator, a provider next door, a push refused or shed
+# before any request) to a push retried until `delivery.max_deadline` (60 s by default):
+# a push that ends between 30 and 60 s must not land in +Inf only.
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
 
 
 class Metrics:
@@ -192,6 +212,36 @@ class Metrics:
             "read-only); the plugin's hook still ran",
             ["plugin"],
             registry=r,
+        )
+        self.token_sweep_failures = Counter(
+            "pushgw_invalid_token_sweep_failures",
+            "Hourly sweeps of old invalid-token records that failed (the database down or "
+            "read-only); the next one tries again an hour later",
+            registry=r,
+        )
+        self.start_time = Gauge(
+            "pushgw_start_time_seconds",
+            "When this gateway started (Unix time; the latest of its workers'): changes() "
+            "over it counts restarts, with one worker or several",
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.queue_limit = Gauge(
+            "pushgw_queue_limit",
+            "Pushes an app's lane holds (waiting or in a request) before it sheds new ones "
+            "queue_full (delivery.queue_size, summed over workers); compare "
+            "pushgw_pushes_in_flight with it",
+            ["plugin", "provider", "app"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.apns_certificate_expiry = Gauge(
+            "pushgw_apns_certificate_expiry_timestamp_seconds",
+            "When an APNs app's certificate (certificate auth) expires (Unix time): APNs "
+            "refuses an expired one; alert on this minus time() (docs/delivery.md)",
+            ["plugin", "app"],
+            registry=r,
+            multiprocess_mode="min",
         )
         self.receipts_written = Counter(
             "pushgw_receipts_written", "Receipt records written", registry=r

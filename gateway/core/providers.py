@@ -28,7 +28,8 @@ class ProviderClient(Protocol):
         """Check the push before sending (payload size, data types, collapse id...).
 
         Returns None when it may be sent, else a `permanent` Attempt whose reason is
-        `payload_too_large` or `invalid_payload` and whose detail says what is wrong.
+        `payload_too_large` or `invalid_payload` (or `certificate_expired`: the app's
+        APNs certificate is past its expiry) and whose detail says what is wrong.
         """
         ...
 

@@ -87,6 +87,8 @@ class Reason:
     CONNECTION_ERROR = "connection_error"
     SHUTTING_DOWN = "shutting_down"
     CLIENT_ERROR = "client_error"  # a provider client raised instead of classifying
+    # The app's APNs certificate has expired: APNs refuses it at the TLS handshake.
+    CERTIFICATE_EXPIRED = "certificate_expired"
 
 
 @dataclass(frozen=True, slots=True)

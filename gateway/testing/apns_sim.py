@@ -29,7 +29,8 @@ Checks, in this order (the first failure answers):
    missing `apns-topic` with token auth → `MissingTopic`; topic outside
    `topics` → `TopicDisallowed`; unknown `apns-push-type` → `InvalidPushType`;
    a topic with a push type's suffix (`.voip`, `.complication`, ...) and another
-   `apns-push-type` → `InvalidPushType`; `apns-priority` not 1/5/10, or 10 (or
+   `apns-push-type` → `InvalidPushType`; such a push type (`voip`, ...) to a topic
+   without its suffix → `DeviceTokenNotForTopic`; `apns-priority` not 1/5/10, or 10 (or
    none) with `apns-push-type: background` → `BadPriority`; non-integer `apns-expiration` →
    `BadExpirationDate`; `apns-collapse-id` over 64 bytes → `BadCollapseId`;
    `apns-id` not a UUID → `BadMessageId`;
@@ -178,6 +179,9 @@ _SUFFIX_PUSH_TYPES = {
     ".push-type.widgets": "widgets",
 }
 _TOPIC_SUFFIXES = tuple(_SUFFIX_PUSH_TYPES)
+# ... and the other way round: such a push type sent to any other topic (`voip` to the
+# bundle id itself) is answered `DeviceTokenNotForTopic`, as Apple answers it.
+_PUSH_TYPE_SUFFIXES = {kind: suffix for suffix, kind in _SUFFIX_PUSH_TYPES.items()}
 _CHECKED_HEADERS = frozenset(
     {
         "authorization",
@@ -748,6 +752,15 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         self._jwt_keys[key_id] = (team_id, _load_public_key(key))
         self._jwt_cache.clear()
 
+    def revoke_jwt_key(self, key_id: str) -> None:
+        """Revoke a key, as in Apple's developer account: the tokens it signed, those
+        already accepted included, are answered 403 `InvalidProviderToken` from now on
+        (JWT checks stay on; the other keys are unaffected)."""
+        if self._jwt_keys is None:
+            self._jwt_keys = {}
+        self._jwt_keys.pop(key_id, None)
+        self._jwt_cache.clear()  # verdicts are cached per token: a revoked one must not pass
+
     def script(self, token: str, *responses: ApnsResponse) -> None:
         """Answer `token`'s next requests with `responses`, in order; the last one repeats.
 
@@ -870,6 +883,9 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
             bound = next((t for s, t in _SUFFIX_PUSH_TYPES.items() if topic.endswith(s)), None)
             if bound is not None and push_type != bound:
                 return "InvalidPushType"
+            own = _PUSH_TYPE_SUFFIXES.get(push_type)
+            if own is not None and not topic.endswith(own):
+                return "DeviceTokenNotForTopic"
         priority = headers.get("apns-priority")
         if priority is not None and priority not in ("10", "5", "1"):
             return "BadPriority"

@@ -307,6 +307,16 @@ class MarmotConfig(ConfigModel):
                 raise ValueError(f"{name}.app: no app {routing!r} in apps")
             if not isinstance(app, wanted):
                 raise ValueError(f"{name}.app: app {routing!r} is not of type {name}")
+            bound = app.bound_push_type if isinstance(app, ApnsAppConfig) else None
+            if bound is not None:
+                # Marmot wakes the app's ordinary remote-notification tokens with
+                # `background` (or `alert`) pushes: a VoIP (PushKit), complication, ...
+                # topic refuses them all (InvalidPushType).
+                raise ValueError(
+                    f"apns.app: app {routing!r} takes only {bound} pushes (its topic or "
+                    "push_type); Marmot sends background or alert pushes: use the app's "
+                    "bundle id as topic and leave push_type unset"
+                )
         if self.apns.app is None and self.fcm.app is None:
             raise ValueError("configure apns.app or fcm.app (or both)")
         if self.backoff_max < self.backoff_min:

@@ -14,7 +14,13 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from gateway.api import ApnsAppConfig, ConfigModel, FcmAppConfig, expand_home
+from gateway.api import (
+    ApnsAppConfig,
+    ConfigModel,
+    FcmAppConfig,
+    expand_home,
+    fcm_message_problem,
+)
 
 log = logging.getLogger("plugins.matrix")
 
@@ -200,6 +206,14 @@ def _fcm(app: MatrixAppConfig) -> FcmAppConfig:
         raise ValueError("api_version v1 needs project_id and service_account_file")
     if app.type == "gcm" and not app.project_id:
         raise ValueError("api_version v1 needs project_id and service_account_file")
+    # The base of every message of the app: what FCM refuses in it (a legacy-API name, a
+    # number for android.ttl) would fail every push, so it fails here instead.
+    targets = [key for key in ("token", "topic", "condition") if key in app.fcm_options]
+    if targets:
+        raise ValueError(f"fcm_options: must not set {targets[0]!r} (each push sets the token)")
+    problem = fcm_message_problem(app.fcm_options)
+    if problem is not None:
+        raise ValueError(f"fcm_options: {problem}")
     data: dict[str, Any] = {
         "type": "fcm",
         "service_account_file": app.service_account_file,

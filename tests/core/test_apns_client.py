@@ -144,15 +144,21 @@ async def test_push_type_omitted_defaulted_and_beyond_aioapns(
     sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
 ) -> None:
     plain = await make_client()
-    defaulted = await make_client(push_type="voip")
+    defaulted = await make_client(push_type="voip", topic=f"{TOPIC}.voip")
     tok = token()
     assert (await send(plain, push_for(tok, push_type=None), secrets_seen)).outcome is Outcome.OK
     assert "apns-push-type" not in sim.requests[-1].headers
-    for kind in ("location", "pushtotalk", "widgets", "liveactivity"):
-        push = push_for(tok, push_type=kind, topic=f"{TOPIC}.push-type.{kind}")
+    # Each with the topic Apple requires for it (another is refused before sending).
+    for kind, suffix in (
+        ("location", ".location-query"),
+        ("pushtotalk", ".voip-ptt"),
+        ("widgets", ".push-type.widgets"),
+        ("liveactivity", ".push-type.liveactivity"),
+    ):
+        push = push_for(tok, push_type=kind, topic=f"{TOPIC}{suffix}")
         assert (await send(plain, push, secrets_seen)).outcome is Outcome.OK
         assert sim.requests[-1].headers["apns-push-type"] == kind
-        assert sim.requests[-1].headers["apns-topic"] == f"{TOPIC}.push-type.{kind}"
+        assert sim.requests[-1].headers["apns-topic"] == f"{TOPIC}{suffix}"
     assert (
         await send(defaulted, push_for(tok, push_type=None), secrets_seen)
     ).outcome is Outcome.OK
@@ -375,7 +381,7 @@ async def test_payload_limits(
 
     voip = push_for(tok, sized_payload(5120), push_type="voip", topic=f"{TOPIC}.voip")
     assert (await send(client, voip, secrets_seen)).outcome is Outcome.OK
-    voip_over = push_for(tok, sized_payload(5121), push_type="voip")
+    voip_over = push_for(tok, sized_payload(5121), push_type="voip", topic=f"{TOPIC}.voip")
     assert client.validate(voip_over) is not None
 
     policy = Push("test", "ios", tok, sized_payload(600), policy=PushPolicy(max_payload_bytes=512))

@@ -16,7 +16,9 @@ Activity pushes, but those go to PushKit and Live Activity tokens; the Zulip app
 registers ordinary remote-notification tokens, for which such a topic is answered
 `DeviceTokenNotForTopic` (and the registration would be ended). A real Zulip server only
 sends `alert` (priority 10) and `background` (priority 5, removals): Zulip's
-`send_push_notifications`. So pushgw, like Zulip, never rewrites the topic.
+`send_push_notifications`. So pushgw, like Zulip, never rewrites the topic; a push
+type that needs a topic of its own (`voip`, ...) is refused before sending instead of
+costing the registration (tests/test_review_apple_rules.py).
 
 These tests pin that parity through the APNs simulator, with `topics` set as Apple would
 enforce them for the app's key.
@@ -60,10 +62,6 @@ def _e2ee_request(token: str, priority: int, push_type: str) -> dict[str, Any]:
     [
         (10, "alert"),  # what Zulip servers send for messages and tests
         (5, "background"),  # ... and for removals
-        (10, "voip"),
-        (10, "liveactivity"),
-        (10, "complication"),
-        (10, "fileprovider"),
         (10, "mdm"),
     ],
 )
