@@ -42,6 +42,10 @@ ENABLED_NOT_A_STRING = "expected a list of plugin names ([matrix, ...]), not a s
 EventLoop = Literal["auto", "uvloop", "asyncio"]
 
 
+# The longest `server.shutdown_delay`: a balancer notices a stopping backend in seconds.
+SHUTDOWN_DELAY_MAX = 3600.0
+
+
 class ServerConfig(ConfigModel):
     host: str = "127.0.0.1"
     port: int = Field(5000, ge=0, le=65535)
@@ -59,8 +63,14 @@ class ServerConfig(ConfigModel):
     # A balancer that finds backends by probing (a Kubernetes Service, HAProxy) still
     # sends new connections for a while after the stop signal: refused, had the listener
     # closed at once. The gateway keeps serving this long, /readyz 503, then drains.
+    # Bounded: further stop signals are ignored meanwhile, so a `.inf` (or a typo of
+    # hours) left the node half-alive, unready yet serving, until a SIGKILL lost its
+    # receipts.
     shutdown_delay: float = Field(
-        0.0, ge=0, description="Seconds still serving, /readyz 503, after a stop signal"
+        0.0,
+        ge=0,
+        le=SHUTDOWN_DELAY_MAX,
+        description="Seconds still serving, /readyz 503, after a stop signal",
     )
     client_max_size: int = Field(1024 * 1024, ge=1024)
     # Slow or idle clients (slowloris) must not hold connections for ever: aiohttp bounds

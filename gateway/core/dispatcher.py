@@ -103,8 +103,9 @@ class Lane:
     gate_until: float = 0.0  # monotonic time before which the credential is throttled
     # Per device token: the monotonic time before which that one device is throttled (FCM
     # QUOTA_EXCEEDED for one device's message rate, APNs TooManyRequests). Memory only,
-    # at most `DEVICE_GATES_MAX` entries (`_close_device_gate`).
-    device_gates: dict[str, float] = field(default_factory=dict)
+    # at most `DEVICE_GATES_MAX` entries (`_close_device_gate`). Its keys are device tokens
+    # in clear: out of the lane's repr (a debug line, a crash reporter's locals), as Push's.
+    device_gates: dict[str, float] = field(default_factory=dict, repr=False)
     # For the lines that say a state ended (`_breaker_changed`, `_credential_state`):
     # the pushes that failed fast while the breaker was open, and those that ended `auth`
     # since the provider began refusing the credential.

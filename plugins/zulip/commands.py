@@ -486,6 +486,8 @@ async def cmd_forget(args: argparse.Namespace, command_context: CommandContext) 
             user_id = int(args.user_id, 10)
         except ValueError:
             return _fail("--user-id: not a whole number", EXIT_USAGE)
+        if not -(2**63) <= user_id < 2**63:  # the column's BIGINT: the driver raised
+            return _fail("--user-id: out of range (a Zulip user id is an int64)", EXIT_USAGE)
     async with command_context.open_store() as store:
         _config(command_context.load())  # the plugin disabled: one line, status 2
         async with store.engine.begin() as conn:
