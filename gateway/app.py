@@ -42,7 +42,14 @@ from gateway.config import (
     load_settings,
     validate_plugin_section,
 )
-from gateway.context import PluginContext, Runtime, Service, TokenHasher, first_worker
+from gateway.context import (
+    WORKER_ENV,
+    PluginContext,
+    Runtime,
+    Service,
+    TokenHasher,
+    first_worker,
+)
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.errors import FirstSeen, kind_and_place
 from gateway.core.metrics import MULTIPROC_ENV, Metrics
@@ -223,7 +230,9 @@ def check_credentials(
         except CredentialError as exc:
             problems.append((("plugins", plugin, "apps", app_id, exc.key), exc.message))
             continue
-        if isinstance(app, ApnsAppConfig):
+        # `serve --workers N` loads the config in its main process, then again in each
+        # worker: the main process says it, not N + 1 times.
+        if isinstance(app, ApnsAppConfig) and WORKER_ENV not in os.environ:
             _warn_certificate_expiry(plugin, app_id, app)
     if problems:
         raise config_error(problems, source, settings.env_origins)

@@ -424,7 +424,9 @@ class Dispatcher:
                 del gates[expired]
             while len(gates) >= DEVICE_GATES_MAX:
                 del gates[next(iter(gates))]  # the oldest
-        gates[token] = max(gates.get(token, 0.0), until)
+        # Popped and put back: the dict's order is the order gates were last closed, so
+        # a device throttled again (the busiest) is not the first one forgotten.
+        gates[token] = max(gates.pop(token, 0.0), until)
 
     async def _pause(self, push: Push, seconds: float) -> bool:
         """Wait `seconds` (a retry's backoff, a closed gate); False when `drain()` began

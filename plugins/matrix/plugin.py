@@ -6,7 +6,6 @@ Entry point `matrix = "plugins.matrix.plugin"`; its config section is `plugins.m
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,9 +59,9 @@ def _cert_expiry(metrics: SygnalMetrics, config: MatrixConfig) -> None:
         except (OSError, ValueError):
             continue
         expiry = cert.not_valid_after_utc
+        # The metric only: the core warns of an expiring certificate, once per start
+        # (`gateway.app.check_credentials`); this line repeated it, in every worker.
         metrics.cert_expiry.labels(name).set(expiry.timestamp())
-        if expiry - datetime.datetime.now(datetime.UTC) < datetime.timedelta(days=30):
-            log.warning("app %s: the APNs certificate expires on %s", name, expiry.date())
 
 
 @hookimpl
