@@ -21,10 +21,17 @@ Behaviour (specs/providers.md §2, §6.1):
 Checks, in this order (the first failure answers):
 
 1. method not POST → 405 `MethodNotAllowed`; path not `/3/device/...` → 404 `BadPath`;
-2. token auth, when `jwt_keys` is set: 403 `MissingProviderToken` /
-   `InvalidProviderToken` / `ExpiredProviderToken`;
+2. with `client_certificates`, a client certificate that is expired or not issued by
+   `ca` fails the TLS handshake (as Apple's does); a request on a connection without
+   one and without `authorization` → 403 `MissingProviderToken`;
+   token auth, when `jwt_keys` is set: 403 `MissingProviderToken` /
+   `InvalidProviderToken` (also an `iat` more than `jwt_max_future` seconds ahead of
+   the simulator's clock) / `ExpiredProviderToken` (`iat` over `jwt_max_age` old);
+   with `token_update_interval` set, 429 `TooManyProviderTokenUpdates` to a new
+   token for a key whose previous token came less than that many seconds before;
 3. device token: empty → 400 `MissingDeviceToken`; not even-length hex of at
-   least 32 characters → 400 `BadDeviceToken`;
+   least 32 characters → 400 `BadDeviceToken`; a token given to `add_device` for
+   the other environment (sandbox vs production) → 400 `BadDeviceToken`;
 4. headers: repeated `apns-*`/`authorization` header → `DuplicateHeaders`;
    missing `apns-topic` with token auth → `MissingTopic`; topic outside
    `topics` → `TopicDisallowed`; unknown `apns-push-type` → `InvalidPushType`;
@@ -50,6 +57,7 @@ import binascii
 import contextlib
 import json
 import re
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -194,6 +202,14 @@ _CHECKED_HEADERS = frozenset(
     }
 )
 _JWT_CACHE_LIMIT = 10_000
+# The environment each of Apple's hosts serves, read from the request's `:authority`
+# when the simulator is not given one (aioapns names Apple's host there).
+_HOST_ENVIRONMENTS = {
+    "api.push.apple.com": "production",
+    "api.sandbox.push.apple.com": "sandbox",
+    "api.development.push.apple.com": "sandbox",
+}
+Environment = Literal["production", "sandbox"]
 _INITIAL_WINDOW = 1 << 24  # 16 MiB per stream and for the connection
 # Inbound header validation is off: the simulator checks what APNs checks
 # itself, and h2's per-character validation costs ~15 % of a request. Outbound too:
@@ -406,6 +422,7 @@ class _ApnsConnection(asyncio.Protocol):
         self.timers: set[asyncio.TimerHandle] = set()
         self.closed = False
         self.alpn: str | None = None
+        self.client_certificate = False  # the client presented one (and it verified)
 
     # -- asyncio.Protocol -------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -414,6 +431,7 @@ class _ApnsConnection(asyncio.Protocol):
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:
             self.alpn = ssl_object.selected_alpn_protocol()
+            self.client_certificate = bool(ssl_object.getpeercert())
         # Our SETTINGS go out with the server preface; initial values take
         # effect at once on our side (h2 applies later changes on ACK).
         self.h2.local_settings = Settings(
@@ -604,6 +622,20 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
     - `topics`: allowed `apns-topic` values (Apple's push-type suffixes are
       accepted on them); `None` allows any.
     - `jwt_max_age`: seconds after `iat` at which a JWT is expired.
+    - `jwt_max_future`: seconds an `iat` may be ahead of `clock` (a signer whose
+      clock is fast): beyond it the JWT is `InvalidProviderToken`, as Apple answers.
+    - `token_update_interval`: when set (Apple: 1200 s), a JWT for a key that the
+      simulator has not seen yet, coming less than this many seconds after the
+      previous new one for that key, is answered 429 `TooManyProviderTokenUpdates`
+      (and not adopted: the previous token stays good). Off by default.
+    - `environment`: `"production"` or `"sandbox"`, the environment this simulator
+      plays; None reads it from the request's `:authority` when that names one of
+      Apple's hosts. Tokens given to `add_device` for the other environment are
+      answered `BadDeviceToken`, as Apple answers a sandbox token sent to production.
+    - `client_certificates`: ask each client for a certificate (certificate auth) and
+      verify it against `ca` (issue one with `ca.issue_client_certificate(topic)`): an
+      expired or unknown one fails the TLS handshake, as APNs refuses it; token-auth
+      clients present none. Off by default (any client certificate is then ignored).
     - `clock`: wall clock for JWT ages (tests may pass a fake one).
     - `record`: keep `requests` (turn off for long benchmarks; counters remain).
     - `initial_window_size`: our stream and connection receive windows (DATA is
@@ -645,6 +677,10 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         jwt_keys: Mapping[str, tuple[str, KeyLike]] | None = None,
         topics: Iterable[str] | None = None,
         jwt_max_age: float = 3600.0,
+        jwt_max_future: float = 60.0,
+        token_update_interval: float | None = None,
+        environment: Environment | None = None,
+        client_certificates: bool = False,
         clock: Callable[[], float] = time.time,
         record: bool = True,
         initial_window_size: int = _INITIAL_WINDOW,
@@ -656,13 +692,22 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         self._bind_port = port
         self.max_concurrent_streams = max_concurrent_streams
         self._jwt_keys: dict[str, tuple[str, ec.EllipticCurvePublicKey]] | None = None
-        self._jwt_cache: dict[str, tuple[str | None, int]] = {}
+        self._jwt_cache: dict[str, tuple[str | None, int, str]] = {}
         if jwt_keys is not None:
             self._jwt_keys = {}
             for kid, (team_id, key) in jwt_keys.items():
                 self.add_jwt_key(kid, team_id, key)
         self.topics: frozenset[str] | None = frozenset(topics) if topics is not None else None
         self.jwt_max_age = jwt_max_age
+        self.jwt_max_future = jwt_max_future
+        self.token_update_interval = token_update_interval
+        if environment not in (None, "production", "sandbox"):
+            raise ValueError(f"environment must be 'production' or 'sandbox', not {environment!r}")
+        self.environment: Environment | None = environment
+        self.client_certificates = client_certificates
+        self._devices: dict[str, Environment] = {}
+        self._adopted_jwts: set[str] = set()  # with token_update_interval
+        self._key_updated: dict[str, float] = {}  # kid -> when its last new JWT was adopted
         self.clock = clock
         self._init_recording(record)
         self.initial_window_size = initial_window_size
@@ -697,6 +742,9 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         if self.FAST_HPACK:
             _install_huffman_cache()
         ssl_ctx = self.ca.server_context(self.hostnames, alpn=["h2"])
+        if self.client_certificates:
+            ssl_ctx.verify_mode = ssl.CERT_OPTIONAL  # token-auth clients send none
+            ssl_ctx.load_verify_locations(cafile=str(self.ca.ca_path))
         loop = asyncio.get_running_loop()
         ids = iter(range(1, 1 << 62))
         self._server = await loop.create_server(
@@ -761,6 +809,15 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         self._jwt_keys.pop(key_id, None)
         self._jwt_cache.clear()  # verdicts are cached per token: a revoked one must not pass
 
+    def add_device(self, token: str, environment: Environment) -> None:
+        """Say which APNs environment issued device `token` (an app built for
+        development gets sandbox tokens, one from the App Store or TestFlight production
+        ones): sent to the other environment's host, it is answered 400 `BadDeviceToken`.
+        Tokens never given here are accepted in both."""
+        if environment not in ("production", "sandbox"):
+            raise ValueError(f"environment must be 'production' or 'sandbox', not {environment!r}")
+        self._devices[token] = environment
+
     def script(self, token: str, *responses: ApnsResponse) -> None:
         """Answer `token`'s next requests with `responses`, in order; the last one repeats.
 
@@ -823,15 +880,24 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
             if len(self._jwt_cache) >= _JWT_CACHE_LIMIT:
                 self._jwt_cache.clear()
             self._jwt_cache[token] = cached
-        error, iat = cached
+        error, iat, kid = cached
         if error is not None:
             return error
-        if self.clock() - iat > self.jwt_max_age:
+        now = self.clock()
+        if iat - now > self.jwt_max_future:
+            return "InvalidProviderToken"
+        if now - iat > self.jwt_max_age:
             return "ExpiredProviderToken"
+        if self.token_update_interval is not None and token not in self._adopted_jwts:
+            updated = self._key_updated.get(kid)
+            if updated is not None and now - updated < self.token_update_interval:
+                return "TooManyProviderTokenUpdates"
+            self._adopted_jwts.add(token)
+            self._key_updated[kid] = now
         return None
 
-    def _verify_jwt(self, token: str) -> tuple[str | None, int]:
-        invalid = ("InvalidProviderToken", 0)
+    def _verify_jwt(self, token: str) -> tuple[str | None, int, str]:
+        invalid = ("InvalidProviderToken", 0, "")
         assert self._jwt_keys is not None
         try:
             header_b64, claims_b64, sig_b64 = token.split(".")
@@ -860,7 +926,7 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
             public_key.verify(der, f"{header_b64}.{claims_b64}".encode(), ec.ECDSA(hashes.SHA256()))
         except InvalidSignature:
             return invalid
-        return None, iat
+        return None, iat, header["kid"]
 
     def _check_headers(self, stream: _Stream, token_auth: bool) -> str | None:
         headers = stream.headers
@@ -905,7 +971,7 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         return None
 
     def _decide(
-        self, stream: _Stream, body: bytes
+        self, stream: _Stream, body: bytes, certified: bool = False
     ) -> tuple[str, int, str | None, dict[str, Any] | None, ApnsResponse | None]:
         """Return (token, status, reason, parsed json, scripted response or None)."""
         headers = stream.headers
@@ -919,11 +985,19 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         if self._jwt_keys is not None:
             error = self._check_jwt(authorization)
             if error is not None:
-                return token, 403, error, None, None
+                return token, APNS_REASON_STATUS[error], error, None, None
+        elif self.client_certificates and authorization is None and not certified:
+            return token, 403, "MissingProviderToken", None, None
         if not token:
             return token, 400, "MissingDeviceToken", None, None
         if not _HEX_RE.fullmatch(token):
             return token, 400, "BadDeviceToken", None, None
+        if self._devices and token in self._devices:
+            environment = self.environment or _HOST_ENVIRONMENTS.get(
+                headers.get(":authority", "").rsplit(":", 1)[0].lower()
+            )
+            if environment is not None and self._devices[token] != environment:
+                return token, 400, "BadDeviceToken", None, None
         error = self._check_headers(stream, authorization is not None or self._jwt_keys is not None)
         if error is not None:
             return token, 400, error, None, None
@@ -968,7 +1042,9 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
 
     def _handle(self, conn: _ApnsConnection, stream_id: int, stream: _Stream) -> None:
         body = bytes(stream.body)
-        token, status, reason, parsed, response = self._decide(stream, body)
+        token, status, reason, parsed, response = self._decide(
+            stream, body, conn.client_certificate
+        )
         apns_id = stream.headers.get("apns-id") or str(uuid.uuid4()).upper()
         fault = response.fault if response is not None else None
         delay = response.delay if response is not None else 0.0

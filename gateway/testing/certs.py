@@ -6,6 +6,7 @@ under test trust `SimulatorCA.ca_path` (a PEM file) instead of the system store.
 
 from __future__ import annotations
 
+import datetime
 import ssl
 import tempfile
 from collections.abc import Iterable
@@ -78,6 +79,32 @@ class SimulatorCA:
         leaf.private_key_pem.write_to_path(str(key_path))
         key_path.chmod(0o600)
         return cert_path, key_path
+
+    def issue_client_certificate(
+        self,
+        topic: str,
+        *,
+        not_before: datetime.datetime | None = None,
+        not_after: datetime.datetime | None = None,
+    ) -> Path:
+        """Issue an APNs-style push certificate for `topic` (common name
+        `Apple Push Services: <topic>`), valid from `not_before` to `not_after` (default:
+        from now to a year on; a past `not_after` makes an expired one).
+
+        Returns one PEM file holding the certificate and then its unencrypted key, the
+        form an app's `certfile` takes. `ApnsSimulator(client_certificates=True)` with
+        this CA accepts it while it is valid.
+        """
+        leaf = self._ca.issue_cert(
+            common_name=f"Apple Push Services: {topic}",
+            not_before=not_before,
+            not_after=not_after,
+        )
+        self._issued += 1
+        path = self.directory / f"client-{self._issued}.pem"
+        path.write_bytes(leaf.cert_chain_pems[0].bytes() + leaf.private_key_pem.bytes())
+        path.chmod(0o600)
+        return path
 
     def server_context(
         self, hostnames: Iterable[str], alpn: Iterable[str] | None = None

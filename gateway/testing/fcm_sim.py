@@ -7,11 +7,14 @@
   assertion without a scope is 400 `invalid_scope`, as Google answers it. The
   answer is `{"access_token", "expires_in", "token_type": "Bearer"}`.
 - `POST /v1/projects/{project_id}/messages:send`: needs `Authorization: Bearer
-  <issued token>` (else 401 `UNAUTHENTICATED`, no FcmError detail), validates
-  the message like FCM (specs/providers.md §3.1; unknown field names in `message`
-  and `message.android` are refused as FCM's parser refuses them) and then answers with the
-  scripted response for the token (see `script`, `script_all`) or success
-  `{"name": "projects/<id>/messages/<n>"}`.
+  <issued token>` (else 401 `UNAUTHENTICATED`, no FcmError detail, with Google's
+  `WWW-Authenticate` header and, for a missing or expired access token, a
+  `google.rpc.ErrorInfo` detail saying `CREDENTIALS_MISSING` / `ACCESS_TOKEN_EXPIRED`),
+  validates the message like FCM (specs/providers.md §3.1; unknown field names in
+  `message` and `message.android` are refused as FCM's parser refuses them), answers
+  403 `SENDER_ID_MISMATCH` to a token that `add_device` gave to another project, and
+  then answers with the scripted response for the token (see `script`, `script_all`)
+  or success `{"name": "projects/<id>/messages/<n>"}`.
 
 Errors use Google's envelope: `{"error": {"code", "message", "status",
 "details": [...]}}` with a `type.googleapis.com/google.firebase.fcm.v1.FcmError`
@@ -96,6 +99,14 @@ _UNAUTHENTICATED_MESSAGE = (
     "cookie or other valid authentication credential. See "
     "https://developers.google.com/identity/sign-in/web/devconsole-project."
 )
+_MISSING_CREDENTIAL_MESSAGE = (
+    "Request is missing required authentication credential. Expected OAuth 2 access token, "
+    "login cookie or other valid authentication credential. See "
+    "https://developers.google.com/identity/sign-in/web/devconsole-project."
+)
+# Google's 401 header: the `error` parameter only when a token was sent (RFC 6750 §3).
+_WWW_AUTHENTICATE = 'Bearer realm="https://accounts.google.com/"'
+_WWW_AUTHENTICATE_INVALID = _WWW_AUTHENTICATE + ', error="invalid_token"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +119,8 @@ class FcmResponse:
     - `error_code`: the FcmError `errorCode` detail (None: no FcmError detail).
     - `details`: further `details` entries (BadRequest, QuotaFailure...).
     - `retry_after`: value of a `Retry-After` header (seconds or HTTP date).
+    - `www_authenticate`: value of a `WWW-Authenticate` header (401s about the access
+      token carry one).
     - `delay`: seconds to wait before answering.
     - `fault`: `"drop"` closes the connection without answering.
     """
@@ -120,6 +133,7 @@ class FcmResponse:
     retry_after: int | float | str | None = None
     delay: float = 0.0
     fault: Literal["drop"] | None = None
+    www_authenticate: str | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in (None, "drop"):
@@ -216,9 +230,37 @@ class FcmResponse:
         )
 
     @classmethod
-    def unauthenticated(cls, *, delay: float = 0.0) -> FcmResponse:
-        """401 UNAUTHENTICATED without FcmError: the OAuth token is invalid or expired."""
-        return cls(401, "UNAUTHENTICATED", _UNAUTHENTICATED_MESSAGE, delay=delay)
+    def unauthenticated(
+        cls,
+        *,
+        delay: float = 0.0,
+        reason: Literal["ACCESS_TOKEN_EXPIRED", "CREDENTIALS_MISSING"] | None = None,
+    ) -> FcmResponse:
+        """401 UNAUTHENTICATED without FcmError: the OAuth access token is invalid, or
+        (`reason`, a `google.rpc.ErrorInfo` detail as Google sends it) expired or missing.
+        With Google's `WWW-Authenticate` header."""
+        details: tuple[Mapping[str, Any], ...] = ()
+        if reason is not None:
+            info = {
+                "@type": ERROR_INFO_TYPE,
+                "reason": reason,
+                "domain": "googleapis.com",
+                "metadata": {
+                    "method": "google.firebase.fcm.v1.FcmService.SendMessage",
+                    "service": "fcm.googleapis.com",
+                },
+            }
+            details = (info,)
+        missing = reason == "CREDENTIALS_MISSING"
+        return cls(
+            401,
+            "UNAUTHENTICATED",
+            _MISSING_CREDENTIAL_MESSAGE if missing else _UNAUTHENTICATED_MESSAGE,
+            None,
+            details,
+            delay=delay,
+            www_authenticate=_WWW_AUTHENTICATE if missing else _WWW_AUTHENTICATE_INVALID,
+        )
 
     @classmethod
     def quota_exceeded(
@@ -448,6 +490,7 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
         self._accounts: dict[str, _Account] = {}
         self._tokens: dict[str, _IssuedToken] = {}
         self._scripts: dict[str, list[FcmResponse]] = {}
+        self._devices: dict[str, str] = {}  # registration token -> its project
         self._script_all: dict[str | None, list[FcmResponse]] = {}
         self._message_ids = itertools.count(1)
         self._runner: web.AppRunner | None = None
@@ -531,6 +574,13 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
             project_id=info.get("project_id"),
             public_key=private.public_key(),
         )
+
+    def add_device(self, token: str, project_id: str) -> None:
+        """Say which Firebase project registration `token` belongs to (the sender the app
+        registered with): sent through another project's `messages:send`, it is answered
+        403 PERMISSION_DENIED / `SENDER_ID_MISMATCH`, as FCM answers it (before any
+        script). Tokens never given here are accepted by every project."""
+        self._devices[token] = project_id
 
     def script(self, token: str, *responses: FcmResponse) -> None:
         """Answer `token`'s next sends with `responses`, in order; the last one repeats.
@@ -667,10 +717,12 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
     def _authenticate(self, request: web.Request, project_id: str) -> FcmResponse | None:
         authorization = request.headers.get("Authorization", "")
         if authorization[:7].lower() != "bearer ":
-            return FcmResponse.unauthenticated()
+            return FcmResponse.unauthenticated(reason="CREDENTIALS_MISSING")
         issued = self._tokens.get(authorization[7:].strip())
-        if issued is None or issued.expires_at <= self.clock():
+        if issued is None:
             return FcmResponse.unauthenticated()
+        if issued.expires_at <= self.clock():
+            return FcmResponse.unauthenticated(reason="ACCESS_TOKEN_EXPIRED")
         if issued.project_id is not None and issued.project_id != project_id:
             return FcmResponse.permission_denied()
         if issued.scopes and not issued.scopes & _MESSAGING_SCOPES:
@@ -784,6 +836,10 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
         token = message.get("token")
         if not isinstance(token, str):
             token = None
+        if response is None and token is not None:
+            issuer = self._devices.get(token)
+            if issuer is not None and issuer != project_id:
+                response = FcmResponse.sender_id_mismatch()
         if response is None:
             response = self._next_scripted(project_id, token)
 
@@ -811,7 +867,9 @@ class FcmSimulator(SimulatorBase[FcmRequest]):
         if response.status == 200:
             name = f"projects/{project_id}/messages/{next(self._message_ids)}"
             return _json_response({"name": name})
-        headers: dict[str, str] | None = None
+        headers: dict[str, str] = {}
         if response.retry_after is not None:
-            headers = {"Retry-After": str(response.retry_after)}
+            headers["Retry-After"] = str(response.retry_after)
+        if response.www_authenticate is not None:
+            headers["WWW-Authenticate"] = response.www_authenticate
         return _json_response(response.error_body(), response.status, headers)
