@@ -453,6 +453,7 @@ class running_core:
                     store,
                     settings.store.invalid_tokens_retention,
                     gw.runtime.metrics.token_sweep_failures.inc,
+                    gw.runtime.metrics.token_records_swept.inc,
                 ),
                 name="invalid-tokens-sweep",
             )

@@ -202,6 +202,9 @@ class Dispatcher:
         self.metrics.queue_limit.labels(plugin, client.kind.value, app_id).set(
             self.config.queue_size
         )
+        # From start-up, for dashboards and alerts: 0 is "accepted" / "never closed".
+        self.metrics.credential_refused.labels(plugin, client.kind.value, app_id).set(0)
+        self.metrics.gate_closed_until.labels(plugin, client.kind.value, app_id).set(0)
 
     # --- sending -------------------------------------------------------------
 
@@ -402,7 +405,11 @@ class Dispatcher:
             if attempt.credential_wide:
                 # Before the retry budget is looked at: the gate is the credential's,
                 # and a push with no retry left must still close it for the others.
-                lane.gate_until = max(lane.gate_until, finished + delay)
+                if finished + delay > lane.gate_until:
+                    lane.gate_until = finished + delay
+                    self.metrics.gate_closed_until.labels(
+                        lane.plugin, lane.client.kind.value, lane.app_id
+                    ).set(time.time() + (lane.gate_until - time.monotonic()))
             elif outcome is Outcome.THROTTLED:
                 # One device's rate (FCM asks to slow down to that device, with backoff):
                 # its other pushes wait as long as this one, whatever its own budget.
@@ -515,6 +522,9 @@ class Dispatcher:
         if outcome is Outcome.AUTH:
             lane.auth_failures += 1
             if lane.auth_failures == 1:
+                self.metrics.credential_refused.labels(
+                    lane.plugin, lane.client.kind.value, lane.app_id
+                ).set(1)
                 log.warning(
                     "app %s (%s): the provider refuses the credential (%s); pushes end auth "
                     "until it accepts it again: %s",
@@ -531,6 +541,9 @@ class Dispatcher:
                 lane.auth_failures,
             )
             lane.auth_failures = 0
+            self.metrics.credential_refused.labels(
+                lane.plugin, lane.client.kind.value, lane.app_id
+            ).set(0)
 
     def _config_state(self, lane: Lane, outcome: Outcome, reason: str | None) -> None:
         """One line when the provider starts refusing the lane's pushes for a configuration

@@ -167,7 +167,7 @@ class Metrics:
         self.push_latency = Histogram(
             "pushgw_push_latency_seconds",
             "Submission to final outcome",
-            ["plugin", "provider"],
+            ["plugin", "provider", "app"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -199,6 +199,23 @@ class Metrics:
             registry=r,
             multiprocess_mode="max",
         )
+        self.credential_refused = Gauge(
+            "pushgw_credential_refused",
+            "1 while the provider refuses an app's credential even after the one refresh "
+            "(pushes end auth), 0 once it accepts it again",
+            ["plugin", "provider", "app"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.gate_closed_until = Gauge(
+            "pushgw_gate_closed_until_timestamp_seconds",
+            "Until when (Unix time) an app's credential-wide throttle gate is closed (FCM "
+            "QUOTA_EXCEEDED for the project, APNs TooManyProviderTokenUpdates): closed while "
+            "it is after time()",
+            ["plugin", "provider", "app"],
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.hook_errors = Counter(
             "pushgw_plugin_hook_errors",
             "Plugin hooks that raised while the core called them (the first of each kind and "
@@ -217,6 +234,11 @@ class Metrics:
             "pushgw_invalid_token_sweep_failures",
             "Hourly sweeps of old invalid-token records that failed (the database down or "
             "read-only); the next one tries again an hour later",
+            registry=r,
+        )
+        self.token_records_swept = Counter(
+            "pushgw_invalid_token_records_swept",
+            "Invalid-token records the hourly sweep deleted, past store.invalid_tokens_retention",
             registry=r,
         )
         self.start_time = Gauge(
@@ -407,7 +429,7 @@ class LaneMetrics:
         self.provider_latency = metrics.tally(
             metrics.provider_latency.labels(plugin, provider, app)
         )
-        self.push_latency = metrics.tally(metrics.push_latency.labels(plugin, provider))
+        self.push_latency = metrics.tally(metrics.push_latency.labels(plugin, provider, app))
         self.retries = metrics.retries.labels(plugin, provider, app)  # rare: no tally
         self._attempts = metrics.children(metrics.attempts)
         self._pushes = metrics.children(metrics.pushes)

@@ -262,14 +262,21 @@ async def sweep_invalid_tokens(store: Store, older_than: float) -> int:
 
 
 async def sweep_invalid_tokens_forever(
-    store: Store, older_than: float, on_failure: Callable[[], object] | None = None
+    store: Store,
+    older_than: float,
+    on_failure: Callable[[], object] | None = None,
+    on_swept: Callable[[int], object] | None = None,
 ) -> None:
-    """`sweep_invalid_tokens` now and every `SWEEP_INTERVAL` s; a failure (the database
-    down) is logged, in one line, counted by `on_failure` (the core's
+    """`sweep_invalid_tokens` now and every `SWEEP_INTERVAL` s; the records each sweep
+    deletes are counted by `on_swept` (the core's
+    `pushgw_invalid_token_records_swept_total`), a failure (the database down) is
+    logged, in one line, counted by `on_failure` (the core's
     `pushgw_invalid_token_sweep_failures_total`), and the next sweep tries again."""
     while True:
         try:
-            await sweep_invalid_tokens(store, older_than)
+            swept = await sweep_invalid_tokens(store, older_than)
+            if on_swept is not None:
+                on_swept(swept)
         except Exception as exc:
             log.warning("could not sweep old invalid-token records: %s", describe_error(exc))
             if on_failure is not None:

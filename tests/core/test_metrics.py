@@ -18,7 +18,7 @@ def direct(metrics: Metrics) -> None:
     metrics.retries.labels("p", "fcm", "android")  # a lane resolves it up front
     for value in LATENCIES:
         metrics.provider_latency.labels("p", "fcm", "android").observe(value)
-        metrics.push_latency.labels("p", "fcm").observe(value * 2)
+        metrics.push_latency.labels("p", "fcm", "android").observe(value * 2)
         metrics.attempts.labels("p", "fcm", "android", "ok").inc()
         metrics.pushes.labels("p", "fcm", "android", "ok", "").inc()
     gauge = metrics.in_flight.labels("p", "fcm", "android")
