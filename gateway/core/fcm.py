@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import io
 import json
 import logging
@@ -79,6 +80,12 @@ LEGACY_FIELDS = {
     "to": "the push's token",
     "registration_ids": "the push's token",
 }
+# A message's top-level names `message_problem` lets through (validate refuses targets).
+MESSAGE_NAMES = MESSAGE_FIELDS | frozenset(TARGET_KEYS)
+# The `AndroidConfig` fields that must be strings when set.
+ANDROID_STRING_FIELDS = frozenset(
+    {"collapse_key", "collapseKey", "restricted_package_name", "restrictedPackageName"}
+)
 ANDROID_PRIORITIES = frozenset({"high", "normal", "HIGH", "NORMAL"})
 # protobuf JSON Duration: seconds with at most 9 fractional digits and an "s"; FCM takes
 # 0 to 4 weeks.
@@ -284,7 +291,8 @@ class FcmClient:
 
     def validate(self, push: Push) -> Attempt | None:
         payload = push.payload
-        if not isinstance(payload, Mapping):
+        # `isinstance(x, dict)` first: a Mapping check alone is an ABC lookup per push.
+        if not isinstance(payload, dict) and not isinstance(payload, Mapping):
             return _refusal(Reason.INVALID_PAYLOAD, "FCM message must be a JSON object")
         for key in TARGET_KEYS:
             if key in payload:
@@ -294,7 +302,7 @@ class FcmClient:
             return _refusal(Reason.INVALID_PAYLOAD, problem)
         data = payload.get("data")
         if data is not None:
-            if not isinstance(data, Mapping):
+            if not isinstance(data, dict) and not isinstance(data, Mapping):
                 return _refusal(Reason.INVALID_PAYLOAD, "FCM data must be an object")
             chars = 0
             for key, value in data.items():
@@ -538,39 +546,58 @@ def message_problem(message: Mapping[str, Any]) -> str | None:
     `ttl`, `priority` and string fields), in words safe for a log: names and types, never
     a value. None when nothing is found. `data` and the targets are checked by `validate`.
     """
-    for key in message:
-        if key in MESSAGE_FIELDS or key in TARGET_KEYS:
-            continue
-        where = LEGACY_FIELDS.get(key) if isinstance(key, str) else None
-        if where is not None:
-            return f"FCM message field {key!r} is the legacy API's; in HTTP v1 it is {where}"
-        return f"FCM message has no field {printable(str(key)[:40])!r}"
+    # Called for every FCM push: each name is looked at one by one only when the set
+    # comparison (in C) says one is not known, and the string fields when one is set.
+    if not message.keys() <= MESSAGE_NAMES:
+        for key in message:
+            if key in MESSAGE_NAMES:
+                continue
+            where = LEGACY_FIELDS.get(key) if isinstance(key, str) else None
+            if where is not None:
+                return f"FCM message field {key!r} is the legacy API's; in HTTP v1 it is {where}"
+            return f"FCM message has no field {printable(str(key)[:40])!r}"
     android = message.get("android")
     if android is None:
         return None
-    if not isinstance(android, Mapping):
+    if not isinstance(android, dict) and not isinstance(android, Mapping):  # dict: no ABC
         return "FCM android must be an object"
-    for key in android:
-        if key not in ANDROID_FIELDS:
-            if key == "time_to_live":
-                return "FCM android has no field 'time_to_live': use ttl, such as \"3600s\""
-            return f"FCM android has no field {printable(str(key)[:40])!r}"
+    if not android.keys() <= ANDROID_FIELDS:
+        for key in android:
+            if key not in ANDROID_FIELDS:
+                if key == "time_to_live":
+                    return "FCM android has no field 'time_to_live': use ttl, such as \"3600s\""
+                return f"FCM android has no field {printable(str(key)[:40])!r}"
     ttl = android.get("ttl")
     if ttl is not None:
-        if not isinstance(ttl, str) or not TTL_FORMAT.fullmatch(ttl):
-            kind = "a string" if isinstance(ttl, str) else type(ttl).__name__
+        if not isinstance(ttl, str):
             return (
-                f'FCM android.ttl must be a duration string such as "3600s" or "3.5s" (got {kind})'
+                "FCM android.ttl must be a duration string such as "
+                f'"3600s" or "3.5s" (got {type(ttl).__name__})'
             )
-        if float(ttl[:-1]) > MAX_TTL:
-            return f"FCM android.ttl is over {MAX_TTL:.0f}s (4 weeks)"
+        problem = _ttl_problem(ttl)
+        if problem is not None:
+            return problem
     priority = android.get("priority")
     if priority is not None and priority not in ANDROID_PRIORITIES:
         return 'FCM android.priority must be "high" or "normal"'
+    if ANDROID_STRING_FIELDS.isdisjoint(android):
+        return None
     for name in ("collapse_key", "collapseKey", "restricted_package_name", "restrictedPackageName"):
         value = android.get(name)
         if value is not None and not isinstance(value, str):
             return f"FCM android.{name} must be a string (got {type(value).__name__})"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _ttl_problem(ttl: str) -> str | None:
+    """What is wrong with the `android.ttl` string `ttl`, None when FCM takes it. Cached:
+    an app sends the same few values on every push, and the regex and the float cost
+    more than the rest of `message_problem` together."""
+    if not TTL_FORMAT.fullmatch(ttl):
+        return 'FCM android.ttl must be a duration string such as "3600s" or "3.5s" (got a string)'
+    if float(ttl[:-1]) > MAX_TTL:
+        return f"FCM android.ttl is over {MAX_TTL:.0f}s (4 weeks)"
     return None
 
 
