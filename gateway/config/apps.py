@@ -157,10 +157,16 @@ class ApnsAppConfig(ConfigModel):
                 f"push_type {self.push_type} cannot go to the topic {self.topic} "
                 f"(APNs answers InvalidPushType): set push_type {bound}, or leave it unset"
             )
-        refusal = topic_refusal(self.push_type, self.topic)
-        if refusal is not None:
+        if topic_refusal(self.push_type, self.topic) is not None:
+            # In the config's own words (the keys to change, both ways out): a config
+            # that an earlier release took is refused here after an upgrade.
             suffix = APNS_TOPIC_SUFFIXES[self.push_type or ""]
-            raise ValueError(f"{refusal}: set topic {self.topic}{suffix}")
+            raise ValueError(
+                f"push_type {self.push_type} needs a topic ending in {suffix}, not "
+                f"{self.topic} (APNs answers DeviceTokenNotForTopic to any other, which "
+                f"ends the device's registration as a dead token): set topic "
+                f"{self.topic}{suffix} for a {self.push_type} app, or leave push_type unset"
+            )
         return self
 
     @model_validator(mode="after")

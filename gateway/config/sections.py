@@ -196,6 +196,12 @@ class DeliveryConfig(ConfigModel):
     invalidation_guard_min: int = Field(100, ge=1)
     invalidation_guard_ratio: float = Field(0.5, gt=0, le=1)
     invalidation_guard_window: float = Field(300.0, gt=0)
+    invalidation_guard_start: int = Field(
+        10,
+        ge=1,
+        description="Token-invalid answers in a row, before any push of the app was "
+        "accepted, that trip the mass-invalidation guard (at most invalidation_guard_min)",
+    )
 
     @field_validator("proxy")
     @classmethod

@@ -570,6 +570,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         streams, self._streams = self._streams, {}
         closed = ConnectionClosed(str(exc) if exc else "connection closed")
+        closed.__cause__ = exc  # a TLS alert stays readable (`_certificate_alert`)
         for stream in streams.values():
             if not stream.future.done():
                 stream.future.set_exception(closed)
@@ -824,6 +825,9 @@ class ApnsClient:
         # whose line points at the network. Past this time pushes end at once instead.
         expires = config.certificate_expires()
         self._certificate_expires = expires.timestamp() if expires is not None else None
+        # A TLS certificate alert from APNs (see `_certificate_refused`).
+        self._certificate_alert = ""
+        self._certificate_refused_until = 0.0
         self._pool: _ApnsPool | None = None
         self._capacity_listener: Callable[[int], None] | None = None
 
@@ -884,7 +888,7 @@ class ApnsClient:
             log.info("APNs provider token re-signed for app %s", self.app_id)
 
     def validate(self, push: Push) -> Attempt | None:
-        expired = self._expired_certificate()
+        expired = self._expired_certificate() or self._refused_certificate()
         if expired is not None:
             return expired
         _, refusal = self._prepare(push)
@@ -900,7 +904,7 @@ class ApnsClient:
         if refusal is not None:
             return refusal
         assert request is not None
-        expired = self._expired_certificate()
+        expired = self._expired_certificate() or self._refused_certificate()
         if expired is not None:
             return expired
         generation = self._auth.generation if self._auth is not None else 0
@@ -921,6 +925,9 @@ class ApnsClient:
             OSError,
             H2Error,
         ) as exc:
+            alert = _certificate_alert(exc) if self.config.certfile is not None else None
+            if alert is not None:
+                return self._certificate_refused(alert)
             return Attempt(
                 Outcome.TRANSIENT,
                 reason=Reason.CONNECTION_ERROR,
@@ -957,6 +964,24 @@ class ApnsClient:
         return _refusal(
             Reason.CERTIFICATE_EXPIRED,
             f"the app's APNs certificate expired on {expired_on}: renew it",
+        )
+
+    def _certificate_refused(self, alert: str) -> Attempt:
+        """APNs refused the app's certificate at the TLS handshake with `alert`: the
+        certificate, not the network. Remembered for `CERTIFICATE_REFUSED_HOLD` seconds,
+        during which pushes end the same way without a connection attempt (one TLS
+        handshake per push to Apple, refused each time, helps nobody)."""
+        self._certificate_alert = alert
+        self._certificate_refused_until = time.monotonic() + CERTIFICATE_REFUSED_HOLD
+        return self._refused_certificate() or _refusal(Reason.CERTIFICATE_REFUSED, alert)
+
+    def _refused_certificate(self) -> Attempt | None:
+        if time.monotonic() >= self._certificate_refused_until:
+            return None
+        return _refusal(
+            Reason.CERTIFICATE_REFUSED,
+            f"APNs refused the app's certificate at the TLS handshake (TLS alert "
+            f"{self._certificate_alert}): check its certfile",
         )
 
     @property
@@ -1036,6 +1061,37 @@ def _is_header_value(value: str) -> bool:
     """Non-empty, printable, no surrounding whitespace: what h2's outbound validation
     (switched off in `_ApnsProtocol`) would have enforced for values plugins choose."""
     return bool(value) and value.isprintable() and value.strip() == value
+
+
+# TLS alerts (OpenSSL's reason names) by which a server refuses the client's certificate.
+_CERTIFICATE_ALERTS = {
+    "SSLV3_ALERT_BAD_CERTIFICATE": "bad_certificate",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE": "unsupported_certificate",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED": "certificate_revoked",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "certificate_expired",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "certificate_unknown",
+    "TLSV1_ALERT_UNKNOWN_CA": "unknown_ca",
+    "TLSV1_ALERT_ACCESS_DENIED": "access_denied",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "certificate_required",
+}
+# How long pushes end `certificate_refused` without a connection after such an alert.
+CERTIFICATE_REFUSED_HOLD = 60.0
+
+
+def _certificate_alert(exc: BaseException) -> str | None:
+    """The certificate alert (`unknown_ca`, ...) the server sent, if `exc` or one of its
+    causes is the TLS error of receiving one; None for anything else (our own check of
+    the server's certificate failing is `CERTIFICATE_VERIFY_FAILED`, not an alert)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLError):
+            alert = _CERTIFICATE_ALERTS.get(getattr(current, "reason", None) or "")
+            if alert is not None:
+                return alert
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _describe(exc: BaseException) -> str:

@@ -74,8 +74,18 @@ CONFIG_REASONS = frozenset(
         "PERMISSION_DENIED",
         "NOT_FOUND",  # without an FCM errorCode: a wrong project (UNREGISTERED has its code)
         Reason.CERTIFICATE_EXPIRED,  # not sent by APNs: `ApnsClient.send` ends such pushes
+        Reason.CERTIFICATE_REFUSED,  # a TLS certificate alert from APNs (`ApnsClient.send`)
     }
 )
+# What the operator checks, in the dispatcher's line, for the configuration reasons that
+# do not say it themselves.
+CONFIG_HINTS: dict[str, str] = {
+    Reason.CERTIFICATE_REFUSED: (
+        "check the app's certfile: APNs refuses the certificate at the TLS handshake "
+        "(revoked, not an APNs push certificate issued by Apple, or another app's)"
+    ),
+    Reason.CERTIFICATE_EXPIRED: "renew the app's APNs certificate and replace its certfile",
+}
 # What an operator checks when the provider refuses an app's credential even after the
 # one refresh (the dispatcher's log line). APNs rejects a provider token whose `iat` is
 # more than an hour old or in the future: a host clock off by that much looks like a

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from gateway.config import DeliveryConfig
 from gateway.core.classify import (
+    CONFIG_HINTS,
     CONFIG_REASONS,
     CREDENTIAL_HINT,
     CREDENTIAL_HINTS,
@@ -118,6 +119,13 @@ class Lane:
 
 
 _CLIENT_FAILED = "the provider client raised an exception (see the gateway log)"
+# What the mass-invalidation guard's line tells the operator to check, by provider.
+_GUARD_ADVICE = {
+    "apns": "check the app's APNs `environment`: `sandbox` for development builds (Xcode), "
+    "`production` for TestFlight and App Store builds",
+    "fcm": "check that the app's service account is of the Firebase project the apps "
+    "were built with",
+}
 # Devices throttled at once per lane whose gate is remembered: past it, the expired ones
 # and then the oldest are forgotten (a forgotten device's next push just asks again).
 DEVICE_GATES_MAX = 10_000
@@ -195,6 +203,7 @@ class Dispatcher:
                 self.config.invalidation_guard_min,
                 self.config.invalidation_guard_ratio,
                 self.config.invalidation_guard_window,
+                self.config.invalidation_guard_start,
             ),
             metrics=LaneMetrics(self.metrics, plugin, client.kind.value, app_id),
         )
@@ -561,13 +570,15 @@ class Dispatcher:
             lane.config_failures[reason] = count
             lane.config_failed_at = now
             if count == 1:
+                hint = CONFIG_HINTS.get(reason)
                 log.warning(
                     "app %s (%s): the provider refuses pushes for a configuration reason "
                     "(%s); they end permanent, not retried, until the app's configuration "
-                    "is fixed",
+                    "is fixed%s",
                     lane.app_id,
                     lane.client.kind.value,
                     reason,
+                    f": {hint}" if hint else "",
                 )
         elif (
             outcome is Outcome.OK
@@ -601,7 +612,7 @@ class Dispatcher:
         deadline: float,
         sent_at: float,
     ) -> Receipt:
-        if self._count_in_guard(lane, invalid=True):
+        if self._count_in_guard(lane, invalid=True, reason=attempt.reason):
             held = Attempt(
                 Outcome.PERMANENT,
                 attempt.status,
@@ -635,7 +646,9 @@ class Dispatcher:
         await asyncio.wait((report,), timeout=max(deadline - time.monotonic(), 0.0))
         return receipt
 
-    def _count_in_guard(self, lane: Lane, *, invalid: bool) -> bool:
+    def _count_in_guard(
+        self, lane: Lane, *, invalid: bool, proven: bool = False, reason: str | None = None
+    ) -> bool:
         """Count one answered push in the lane's mass-invalidation guard; True while it holds.
 
         The gauge and the log follow every change, whichever push made it: the valid
@@ -644,15 +657,24 @@ class Dispatcher:
         """
         guard = lane.guard
         was_tripped = guard.tripped
-        guard.record(invalid)
+        guard.record(invalid, proven=proven)
         tripped = guard.tripped
         if tripped != was_tripped:
             self.metrics.invalidation_suspended.labels(lane.plugin, lane.app_id).set(tripped)
             if tripped:
+                if guard.unproven:
+                    how = f"no push accepted since start, {guard.minimum_start} in a row"
+                else:
+                    how = "most tokens"
                 log.warning(
-                    "token invalidation suspended for app %s: most tokens came back invalid "
-                    "(wrong environment or project?)",
+                    "token invalidation suspended for app %s (%s): %s came back invalid "
+                    "(last: %s); no registration is deleted while it holds (wrong "
+                    "environment or project?): %s",
                     lane.app_id,
+                    lane.client.kind.value,
+                    how,
+                    reason_label(reason),
+                    _GUARD_ADVICE.get(lane.client.kind.value, "check the app's credential"),
                 )
             else:
                 log.warning("token invalidation resumed for app %s", lane.app_id)
@@ -684,7 +706,7 @@ class Dispatcher:
     ) -> Receipt:
         provider = lane.client.kind if lane else None
         if lane is not None and record_guard and attempts:
-            self._count_in_guard(lane, invalid=False)
+            self._count_in_guard(lane, invalid=False, proven=attempt.outcome is Outcome.OK)
         receipt = Receipt(
             push_id=push.id,
             plugin=push.plugin,

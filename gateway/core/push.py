@@ -89,6 +89,9 @@ class Reason:
     CLIENT_ERROR = "client_error"  # a provider client raised instead of classifying
     # The app's APNs certificate has expired: APNs refuses it at the TLS handshake.
     CERTIFICATE_EXPIRED = "certificate_expired"
+    # APNs refused the app's certificate at the TLS handshake with a certificate alert
+    # (revoked, not issued by Apple, unknown to it, ...).
+    CERTIFICATE_REFUSED = "certificate_refused"
 
 
 @dataclass(frozen=True, slots=True)

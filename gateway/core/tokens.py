@@ -51,20 +51,35 @@ class InvalidationGuard:
     Sends are counted in `BUCKETS` time buckets rather than remembered one by one: at
     thousands of pushes a second, a 300 s window of individual sends would be millions of
     entries. The window therefore moves in steps of `window / BUCKETS` (5 s by default).
+
+    Until one send of the app has come back valid, `start` invalid answers in a row trip
+    it too (at most `minimum`; never with `ratio` 1): a wrong APNs environment or
+    Firebase project at fewer than `minimum` sends per window (a small deployment) never
+    reached the ratio rule, and every registration was deleted, one per push. A valid
+    answer proves the credential's environment or project: from then on, only the ratio
+    rule applies.
     """
 
     BUCKETS = 60
 
-    def __init__(self, minimum: int = 100, ratio: float = 0.5, window: float = 300.0) -> None:
+    def __init__(
+        self, minimum: int = 100, ratio: float = 0.5, window: float = 300.0, start: int = 10
+    ) -> None:
         self.minimum = minimum
         self.ratio = ratio
         self.window = window
+        # Invalid answers before the first valid one; None once a valid one came.
+        self._unproven: int | None = 0 if ratio < 1 else None
+        self._start = min(start, minimum)
         self._width = window / self.BUCKETS
         self._buckets: deque[list[int]] = deque()  # [bucket number, sends, invalid]
         self._sends = 0
         self._invalid = 0
 
-    def record(self, invalid: bool, now: float | None = None) -> None:
+    def record(self, invalid: bool, now: float | None = None, *, proven: bool = True) -> None:
+        """Count one answered send; `proven=False` for a valid one that does not show the
+        credential works (a connection error, a refused payload): only an accepted push
+        ends the start rule."""
         now = time.monotonic() if now is None else now
         number = int(now // self._width)
         buckets = self._buckets
@@ -81,11 +96,25 @@ class InvalidationGuard:
         if invalid:
             bucket[2] += 1
             self._invalid += 1
+            if self._unproven is not None:
+                self._unproven += 1
+        elif proven:
+            self._unproven = None
+
+    @property
+    def minimum_start(self) -> int:
+        """Invalid answers in a row, before any valid one, that trip the guard."""
+        return self._start
+
+    @property
+    def unproven(self) -> bool:
+        """Tripped because no send has come back valid yet (see the class docstring)."""
+        return self._unproven is not None and self._unproven >= self._start
 
     @property
     def tripped(self) -> bool:
         n = self._sends
-        return n >= self.minimum and self._invalid > self.ratio * n
+        return (n >= self.minimum and self._invalid > self.ratio * n) or self.unproven
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,8 +22,8 @@ Checks, in this order (the first failure answers):
 
 1. method not POST → 405 `MethodNotAllowed`; path not `/3/device/...` → 404 `BadPath`;
 2. with `client_certificates`, a client certificate that is expired or not issued by
-   `ca` fails the TLS handshake (as Apple's does); a request on a connection without
-   one and without `authorization` → 403 `MissingProviderToken`;
+   `ca` fails the TLS handshake with its TLS alert (as Apple's does); a request on a
+   connection without one and without `authorization` → 403 `MissingProviderToken`;
    token auth, when `jwt_keys` is set: 403 `MissingProviderToken` /
    `InvalidProviderToken` (also an `iat` more than `jwt_max_future` seconds ahead of
    the simulator's clock) / `ExpiredProviderToken` (`iat` over `jwt_max_age` old);
@@ -52,6 +52,7 @@ Every request that reaches step 1 is recorded in `requests` (unless
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import base64
 import binascii
 import contextlib
@@ -409,6 +410,28 @@ class _Stream:
         self.body = bytearray()
 
 
+class _AlertingTLS(asyncio.sslproto.SSLProtocol):
+    """asyncio's server-side TLS, sending the TLS alert of a failed handshake.
+
+    asyncio closes the socket at once when the handshake fails, with the alert OpenSSL
+    wrote for the client (`unknown_ca`, `certificate_expired`, `bad_certificate`, ...)
+    still unsent: the client saw a connection reset, a network fault. Apple sends the
+    alert; so does the simulator. (Private asyncio API, the simulator's only use of it:
+    the `SSLProtocol` of Python 3.11+.)
+    """
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, app: asyncio.Protocol, context: ssl.SSLContext
+    ) -> None:
+        super().__init__(loop, app, context, None, server_side=True)  # type: ignore[arg-type]
+
+    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
+        if handshake_exc is not None:
+            with contextlib.suppress(Exception):
+                self._process_outgoing()  # type: ignore[attr-defined]
+        super()._on_handshake_complete(handshake_exc)  # type: ignore[misc]
+
+
 class _ApnsConnection(asyncio.Protocol):
     """One client connection: drives an h2 server state machine."""
 
@@ -747,14 +770,25 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
             ssl_ctx.load_verify_locations(cafile=str(self.ca.ca_path))
         loop = asyncio.get_running_loop()
         ids = iter(range(1, 1 << 62))
-        self._server = await loop.create_server(
-            lambda: _ApnsConnection(self, next(ids)),
-            host,
-            port,
-            ssl=ssl_ctx,
-            reuse_port=reuse_port or None,
-            backlog=1024,
-        )
+        if self.client_certificates:
+            # TLS on our side of the socket (see `_AlertingTLS`), so that a refused
+            # client certificate gets its TLS alert, as Apple sends it.
+            self._server = await loop.create_server(
+                lambda: _AlertingTLS(loop, _ApnsConnection(self, next(ids)), ssl_ctx),
+                host,
+                port,
+                reuse_port=reuse_port or None,
+                backlog=1024,
+            )
+        else:
+            self._server = await loop.create_server(
+                lambda: _ApnsConnection(self, next(ids)),
+                host,
+                port,
+                ssl=ssl_ctx,
+                reuse_port=reuse_port or None,
+                backlog=1024,
+            )
         sockname = self._server.sockets[0].getsockname()
         self._host, self._port = sockname[0], sockname[1]
 

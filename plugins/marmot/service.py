@@ -80,6 +80,10 @@ _CONFIG_REASONS = frozenset(
         "PERMISSION_DENIED",
         "THIRD_PARTY_AUTH_ERROR",
         "unknown_app",
+        # The gateway's own, with no HTTP status: the app's APNs certificate has expired,
+        # or APNs refused it at the TLS handshake.
+        Reason.CERTIFICATE_EXPIRED,
+        Reason.CERTIFICATE_REFUSED,
     }
 )
 _DEAD_REASONS = frozenset({"BadDeviceToken", "Unregistered", "ExpiredToken", "UNREGISTERED"})
