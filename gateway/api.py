@@ -21,11 +21,14 @@ from gateway.config import (
     yaml_document,
 )
 from gateway.context import CommandContext, PluginContext, Service
+from gateway.core.apns import payload_problem as apns_payload_problem
+from gateway.core.classify import CONFIG_REASONS
 from gateway.core.dispatcher import Dispatcher
 from gateway.core.fcm import data_size_bound as fcm_data_size_bound
 from gateway.core.fcm import message_problem as fcm_message_problem
 from gateway.core.metrics import Children, Metrics
 from gateway.core.push import (
+    GATEWAY_REASONS,
     ApnsOptions,
     InvalidToken,
     Outcome,
@@ -43,6 +46,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marks a function as a pushgw hook implementation (`@hookimpl`)."""
 
 __all__ = [
+    "CONFIG_REASONS",
+    "GATEWAY_REASONS",
     "ApnsAppConfig",
     "ApnsOptions",
     "AppConfig",
@@ -67,6 +72,7 @@ __all__ = [
     "Service",
     "Store",
     "TrustStore",
+    "apns_payload_problem",
     "expand_home",
     "fcm_data_size_bound",
     "fcm_message_problem",

@@ -787,6 +787,36 @@ def _refusal(reason: str, detail: str) -> Attempt:
     return Attempt(Outcome.PERMANENT, reason=reason, detail=detail)
 
 
+def _encoded_body(
+    payload: Mapping[str, Any], push_type: str | None, max_bytes: int | None
+) -> bytes | tuple[str, str]:
+    """The bytes an APNs push's `payload` is sent as, or (reason, detail) of its refusal:
+    not UTF-8 JSON (a lone surrogate, NaN, a value JSON has no form for), or over the
+    limit (`max_bytes`, else 4096 bytes, 5120 for `voip`)."""
+    try:
+        body = _encode(payload).encode()
+    except (TypeError, ValueError, RecursionError) as exc:  # nesting deeper than the stack
+        return Reason.INVALID_PAYLOAD, f"APNs payload is not JSON-encodable ({type(exc).__name__})"
+    limit = max_bytes or (VOIP_PAYLOAD_LIMIT if push_type == "voip" else PAYLOAD_LIMIT)
+    if len(body) > limit:
+        return Reason.PAYLOAD_TOO_LARGE, f"APNs payload is {len(body)} bytes, limit {limit}"
+    return body
+
+
+def payload_problem(
+    payload: Mapping[str, Any], push_type: str | None = None, max_bytes: int | None = None
+) -> str | None:
+    """What the core would refuse in an APNs push's `payload` sent with `push_type`
+    (`PushPolicy.max_payload_bytes` as `max_bytes`), or None: the check every APNs push's
+    body gets before it is sent, in words safe for a log (a size, an error's kind, never
+    content). For a plugin to run on a payload it builds from its configuration at start-up.
+    """
+    if not isinstance(payload, Mapping):
+        return "APNs payload must be a JSON object"
+    body = _encoded_body(payload, push_type, max_bytes)
+    return body[1] if isinstance(body, tuple) else None
+
+
 class ApnsClient:
     """`ProviderClient` for one APNs app (token or certificate auth)."""
 
@@ -1000,20 +1030,10 @@ class ApnsClient:
             return None, _refusal(
                 Reason.INVALID_PAYLOAD, f"device token longer than {MAX_TOKEN_LENGTH} characters"
             )
-        try:
-            body = _encode(payload).encode()
-        except (TypeError, ValueError, RecursionError) as exc:  # nesting deeper than the stack
-            return None, _refusal(
-                Reason.INVALID_PAYLOAD, f"APNs payload is not JSON-encodable ({type(exc).__name__})"
-            )
         push_type = opts.push_type if opts.push_type is not None else self._default_push_type
-        limit = push.policy.max_payload_bytes or (
-            VOIP_PAYLOAD_LIMIT if push_type == "voip" else PAYLOAD_LIMIT
-        )
-        if len(body) > limit:
-            return None, _refusal(
-                Reason.PAYLOAD_TOO_LARGE, f"APNs payload is {len(body)} bytes, limit {limit}"
-            )
+        body = _encoded_body(payload, push_type, push.policy.max_payload_bytes)
+        if isinstance(body, tuple):
+            return None, _refusal(*body)
         if opts.collapse_id is not None and len(opts.collapse_id.encode()) > COLLAPSE_ID_LIMIT:
             return None, _refusal(
                 Reason.INVALID_PAYLOAD, f"apns-collapse-id longer than {COLLAPSE_ID_LIMIT} bytes"

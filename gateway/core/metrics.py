@@ -24,7 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from gateway.core import classify
-from gateway.core.push import Reason
+from gateway.core.push import GATEWAY_REASONS
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -68,7 +68,7 @@ _FCM_ERROR_CODES = frozenset(
 )
 KNOWN_REASONS: frozenset[str] = frozenset(
     {"", "oauth_token_error"}
-    | {value for name, value in vars(Reason).items() if name.isupper() and isinstance(value, str)}
+    | GATEWAY_REASONS
     | classify.APNS_TOKEN_INVALID
     | classify.APNS_AUTH
     | classify.APNS_PERMANENT

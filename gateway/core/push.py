@@ -94,6 +94,13 @@ class Reason:
     CERTIFICATE_REFUSED = "certificate_refused"
 
 
+#: Every reason the gateway gives itself (`Reason`'s values): never a provider's answer,
+#: even when a receipt keeps the HTTP status of the provider's last answer before it.
+GATEWAY_REASONS: frozenset[str] = frozenset(
+    value for name, value in vars(Reason).items() if name.isupper() and isinstance(value, str)
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ApnsOptions:
     """APNs request headers a plugin may set for one push (ignored for FCM).

@@ -29,13 +29,19 @@ plugins:
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from gateway.api import ApnsAppConfig, AppConfig, ConfigModel, FcmAppConfig, TrustStore
+from gateway.api import (
+    ApnsAppConfig,
+    AppConfig,
+    ConfigModel,
+    FcmAppConfig,
+    TrustStore,
+    apns_payload_problem,
+)
 from plugins.marmot.keys import ServerKey
 from plugins.marmot.trigger import MARMOT_PUSH_MAX_CHUNKS, TriggerConfig
 
@@ -51,8 +57,8 @@ __all__ = [
 ]
 
 _MAX_RELAY_URL_BYTES = 512
-#: APNs limits (Apple's, as the core enforces them per push): payload bytes, collapse-id bytes.
-APNS_PAYLOAD_LIMIT = 4096
+#: Apple's limit on `apns-collapse-id`, in bytes (the payload is checked by the core's own
+#: `apns_payload_problem`).
 APNS_COLLAPSE_ID_LIMIT = 64
 
 
@@ -184,18 +190,12 @@ class ApnsRouting(ConfigModel):
             return self
         if not self.alert_title.strip() and not self.alert_body.strip():
             raise ValueError("set apns.alert_title or apns.alert_body for apns.mode: alert")
-        try:
-            # Encoded as the core sends it (UTF-8, compact, no NaN), so the sizes agree.
-            body = json.dumps(
-                self.payload(), separators=(",", ":"), ensure_ascii=False, allow_nan=False
-            )
-            size = len(body.encode("utf-8", "surrogatepass"))
-        except (TypeError, ValueError, RecursionError):
-            raise ValueError("apns.custom is not JSON-encodable") from None
-        if size > APNS_PAYLOAD_LIMIT:
+        # The core's own check of every APNs push (its encoding, its limit), not a copy.
+        problem = apns_payload_problem(self.payload(), "alert")
+        if problem is not None:
             raise ValueError(
-                f"the APNs alert payload is {size} bytes; APNs accepts at most "
-                f"{APNS_PAYLOAD_LIMIT} (shorten the alert text or apns.custom)"
+                f"the alert payload would be refused: {problem} (shorten or fix the alert "
+                "text or apns.custom)"
             )
         return self
 

@@ -43,7 +43,17 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from gateway.api import ApnsOptions, Metrics, Outcome, Push, PushPolicy, Reason, Receipt
+from gateway.api import (
+    CONFIG_REASONS,
+    GATEWAY_REASONS,
+    ApnsOptions,
+    Metrics,
+    Outcome,
+    Push,
+    PushPolicy,
+    Reason,
+    Receipt,
+)
 from plugins.marmot import crypto_pool
 from plugins.marmot.config import MarmotConfig
 from plugins.marmot.errors import ChunkResult, Dropped, DropReason
@@ -65,34 +75,18 @@ T = TypeVar("T")
 
 _FCM_DATA = {"android": {"priority": "high"}, "data": {"content_available": "true"}}
 _PLATFORM_LABEL = {Platform.APNS: "apns", Platform.FCM: "fcm"}
-# Provider answers that mean the operator's configuration is wrong, not the token.
-_CONFIG_REASONS = frozenset(
-    {
-        "DeviceTokenNotForTopic",
-        "TopicDisallowed",
-        "BadTopic",
-        "BadCertificate",
-        "BadCertificateEnvironment",
-        "Forbidden",
-        "InvalidProviderToken",
-        "MissingTopic",
-        "SENDER_ID_MISMATCH",
-        "PERMISSION_DENIED",
-        "THIRD_PARTY_AUTH_ERROR",
-        "unknown_app",
-        # The gateway's own, with no HTTP status: the app's APNs certificate has expired,
-        # or APNs refused it at the TLS handshake.
-        Reason.CERTIFICATE_EXPIRED,
-        Reason.CERTIFICATE_REFUSED,
-    }
-)
-_DEAD_REASONS = frozenset({"BadDeviceToken", "Unregistered", "ExpiredToken", "UNREGISTERED"})
-# The gateway's own reasons (`deadline_exceeded`, `shutting_down`, ...). A push ending on one
-# after a provider's 403 (an APNs auth answer, refreshed, then not retried in time) keeps
-# that status in its receipt; the 403 is not what ended it, nor a configuration error.
-_GATEWAY_REASONS = frozenset(
-    value for name, value in vars(Reason).items() if name.isupper() and isinstance(value, str)
-)
+# Provider answers that mean the operator's configuration is wrong: the core's list
+# (`CONFIG_REASONS`, what its dispatcher logs as such), and the answers it takes for a dead
+# token that, here, point to the app: every Marmot token of a platform goes through the one
+# app the operator named, so a token "not for this topic" or "of another sender" says the app's
+# topic or project is not the one the members' clients registered with. `unknown_app`: the
+# app named is not configured.
+_CONFIG_REASONS = CONFIG_REASONS | {
+    "DeviceTokenNotForTopic",
+    "SENDER_ID_MISMATCH",
+    "InvalidProviderToken",
+    Reason.UNKNOWN_APP,
+}
 #: Bound on how long `stop()` lets the workers finish the events already queued (a full default
 #: queue is ~4 s of inline crypto). Relays send nothing after a restart's live-only REQ, so an
 #: event discarded here is a wake-up lost for good.
@@ -595,12 +589,14 @@ class MarmotService:
         receipt = task.result()
         self.metrics.pushes(platform, receipt.outcome.value).inc()
         reason = receipt.reason or ""
-        if reason in _CONFIG_REASONS or (receipt.status == 403 and reason not in _GATEWAY_REASONS):
+        if reason in _CONFIG_REASONS or (receipt.status == 403 and reason not in GATEWAY_REASONS):
             # A 403's reason is labelled only when known (the provider's, or whatever
             # answered in its place, would otherwise add a series per string), else its status.
+            # A gateway reason after a 403 (an APNs auth answer, refreshed, then shed at the
+            # deadline) is not one: the 403 is not what ended the push.
             status = str(receipt.status)
             self.metrics.config_errors(
                 Metrics.reason_label(reason, status) if reason else status
             ).inc()
-        elif receipt.outcome is Outcome.TOKEN_INVALID or reason in _DEAD_REASONS:
+        elif receipt.outcome is Outcome.TOKEN_INVALID:  # the core's classification, not a copy
             self.metrics.dead_tokens(platform).inc()
