@@ -581,6 +581,11 @@ class _ApnsProtocol(APNsTLSClientProtocol):
 # --- connection pool ----------------------------------------------------------------------
 
 
+class _ConnectionHeld(Exception):
+    """A send that waited for a connection while another send's attempt was refused with
+    a certificate alert: it ends on that refusal, not with one more TLS handshake."""
+
+
 class _ApnsPool(APNsBaseConnectionPool):
     """aioapns pool creating `_ApnsProtocol` connections with a shared JWT provider."""
 
@@ -601,6 +606,9 @@ class _ApnsPool(APNsBaseConnectionPool):
         self.auth = auth
         self.proxy = urlsplit(proxy) if proxy else None
         self.on_capacity: Callable[[], None] | None = None  # `streams()` may have changed
+        # False while no connection may be opened (APNs refused the app's certificate
+        # moments ago): a send that waited for another's attempt ends `_ConnectionHeld`.
+        self.may_connect: Callable[[], bool] = lambda: True
 
     def streams(self) -> int:
         """Requests the pool can carry at once: the stream bound of each open connection
@@ -666,6 +674,8 @@ class _ApnsPool(APNsBaseConnectionPool):
                     if not connection.is_busy:
                         return connection
                 if len(self.connections) < self.max_connections:
+                    if not self.may_connect():
+                        raise _ConnectionHeld("no connection opened: certificate refused")
                     # Opened here, not by aioapns's acquire(), which turns every failure
                     # into a bare ConnectionError: the OSError says what went wrong.
                     try:
@@ -883,6 +893,7 @@ class ApnsClient:
             proxy=self._proxy,
         )
         self._pool.on_capacity = self._capacity_changed
+        self._pool.may_connect = lambda: self._refused_certificate() is None
 
     def follow_capacity(self, listener: Callable[[int], None]) -> None:
         """Call `listener` with the number of requests the connections can carry at once,
@@ -947,6 +958,10 @@ class ApnsClient:
                 reason=Reason.TIMEOUT,
                 provider_id=push.id,
                 detail=f"no APNs answer within {self._timeout:g} s",
+            )
+        except _ConnectionHeld:
+            return self._refused_certificate() or _refusal(
+                Reason.CERTIFICATE_REFUSED, self._certificate_alert
             )
         except (
             ConnectionClosed,

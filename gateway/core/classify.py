@@ -18,6 +18,11 @@ from gateway.core.push import Attempt, Outcome, Reason
 APNS_TOKEN_INVALID = frozenset(
     {"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered", "ExpiredToken"}
 )
+# Token-invalid answers about one device that the provider knows (its app uninstalled, its
+# token replaced): a wrong APNs environment answers `BadDeviceToken` and a wrong Firebase
+# project `SENDER_ID_MISMATCH` instead, so these never trip the mass-invalidation guard's
+# start rule (`InvalidationGuard`): a healthy app meets them at every restart.
+DEAD_DEVICE_REASONS = frozenset({"Unregistered", "ExpiredToken", "UNREGISTERED"})
 # `UnrelatedKeyIdInToken`: the token's key is not the one this connection was bound to by
 # its first push; Apple's remedy is a new connection (the client opens one, see
 # `APNS_RECONNECT`), so one retry there, as for a stale JWT.

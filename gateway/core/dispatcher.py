@@ -29,6 +29,7 @@ from gateway.core.classify import (
     CONFIG_REASONS,
     CREDENTIAL_HINT,
     CREDENTIAL_HINTS,
+    DEAD_DEVICE_REASONS,
     bounded_reason,
 )
 from gateway.core.metrics import LaneMetrics, Metrics, reason_label
@@ -612,7 +613,9 @@ class Dispatcher:
         deadline: float,
         sent_at: float,
     ) -> Receipt:
-        if self._count_in_guard(lane, invalid=True, reason=attempt.reason):
+        # APNs answers 410 only for a token of its environment (a dead device's).
+        dead_device = attempt.status == 410 or attempt.reason in DEAD_DEVICE_REASONS
+        if self._count_in_guard(lane, invalid=True, suspect=not dead_device, reason=attempt.reason):
             held = Attempt(
                 Outcome.PERMANENT,
                 attempt.status,
@@ -647,7 +650,13 @@ class Dispatcher:
         return receipt
 
     def _count_in_guard(
-        self, lane: Lane, *, invalid: bool, proven: bool = False, reason: str | None = None
+        self,
+        lane: Lane,
+        *,
+        invalid: bool,
+        proven: bool = False,
+        suspect: bool = True,
+        reason: str | None = None,
     ) -> bool:
         """Count one answered push in the lane's mass-invalidation guard; True while it holds.
 
@@ -657,7 +666,7 @@ class Dispatcher:
         """
         guard = lane.guard
         was_tripped = guard.tripped
-        guard.record(invalid, proven=proven)
+        guard.record(invalid, proven=proven, suspect=suspect)
         tripped = guard.tripped
         if tripped != was_tripped:
             self.metrics.invalidation_suspended.labels(lane.plugin, lane.app_id).set(tripped)

@@ -578,7 +578,10 @@ def message_problem(message: Mapping[str, Any]) -> str | None:
         if problem is not None:
             return problem
     priority = android.get("priority")
-    if priority is not None and priority not in ANDROID_PRIORITIES:
+    # A str first: a list or an object (a config's YAML) cannot be looked up in a set.
+    if priority is not None and (
+        not isinstance(priority, str) or priority not in ANDROID_PRIORITIES
+    ):
         return 'FCM android.priority must be "high" or "normal"'
     if ANDROID_STRING_FIELDS.isdisjoint(android):
         return None

@@ -57,7 +57,9 @@ class InvalidationGuard:
     Firebase project at fewer than `minimum` sends per window (a small deployment) never
     reached the ratio rule, and every registration was deleted, one per push. A valid
     answer proves the credential's environment or project: from then on, only the ratio
-    rule applies.
+    rule applies. A dead device's answer (APNs 410 `Unregistered`, FCM `UNREGISTERED`:
+    the provider knows the token, so never what a wrong environment or project gives)
+    counts in the ratio rule only: a healthy app meets some at every restart.
     """
 
     BUCKETS = 60
@@ -76,10 +78,18 @@ class InvalidationGuard:
         self._sends = 0
         self._invalid = 0
 
-    def record(self, invalid: bool, now: float | None = None, *, proven: bool = True) -> None:
+    def record(
+        self,
+        invalid: bool,
+        now: float | None = None,
+        *,
+        proven: bool = True,
+        suspect: bool = True,
+    ) -> None:
         """Count one answered send; `proven=False` for a valid one that does not show the
         credential works (a connection error, a refused payload): only an accepted push
-        ends the start rule."""
+        ends the start rule. `suspect=False` for an invalid one that a wrong environment
+        or project never gives (a dead device's): not counted by the start rule."""
         now = time.monotonic() if now is None else now
         number = int(now // self._width)
         buckets = self._buckets
@@ -96,7 +106,7 @@ class InvalidationGuard:
         if invalid:
             bucket[2] += 1
             self._invalid += 1
-            if self._unproven is not None:
+            if self._unproven is not None and suspect:
                 self._unproven += 1
         elif proven:
             self._unproven = None
