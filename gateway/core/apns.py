@@ -1049,10 +1049,6 @@ class ApnsClient:
         body = _encoded_body(payload, push_type, push.policy.max_payload_bytes)
         if isinstance(body, tuple):
             return None, _refusal(*body)
-        if opts.collapse_id is not None and len(opts.collapse_id.encode()) > COLLAPSE_ID_LIMIT:
-            return None, _refusal(
-                Reason.INVALID_PAYLOAD, f"apns-collapse-id longer than {COLLAPSE_ID_LIMIT} bytes"
-            )
         for name, value in (
             ("apns-topic", opts.topic),
             ("apns-push-type", push_type),
@@ -1060,8 +1056,14 @@ class ApnsClient:
         ):
             if value is not None and not _is_header_value(value):
                 return None, _refusal(
-                    Reason.INVALID_PAYLOAD, f"{name} is empty or has control characters"
+                    Reason.INVALID_PAYLOAD,
+                    f"{name} is empty, padded, or has control or unencodable characters",
                 )
+        # After the check above: a lone surrogate (not printable) has no UTF-8 form.
+        if opts.collapse_id is not None and len(opts.collapse_id.encode()) > COLLAPSE_ID_LIMIT:
+            return None, _refusal(
+                Reason.INVALID_PAYLOAD, f"apns-collapse-id longer than {COLLAPSE_ID_LIMIT} bytes"
+            )
         # The topic the request names; None leaves it to a certificate's own (unknown here).
         mismatch = topic_refusal(push_type, opts.topic or self.config.topic)
         if mismatch is not None:

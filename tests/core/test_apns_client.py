@@ -399,6 +399,8 @@ async def test_payload_limits(
         ({"aps": {}}, {"topic": " com.example.app"}),
         ({"aps": {}}, {"push_type": ""}),
         ({"aps": {}}, {"collapse_id": "thread\x00"}),
+        ({"aps": {}}, {"collapse_id": "thread\ud800"}),  # no UTF-8 form: not a raise
+        ({"aps": {}}, {"topic": "com.example.app\udc80"}),
         ({"aps": {"x": float("nan")}}, {}),
         ({"aps": {"x": object()}}, {}),
         ({"aps": {}, "x": nested(100_000)}, {}),  # deeper than the encoder's stack
