@@ -9,7 +9,9 @@ without a hash, e.g. Marmot's, are never considered) is retired when either:
    `permanent` to the option to also retire tokens whose pushes were refused as
    malformed, which is usually a gateway or plugin bug, not a dead token. A receipt
    the mass-invalidation guard held (`permanent` / `invalidation_suspended`) never
-   retires: the guard suspects a wrong environment or project, not dead tokens.
+   retires: the guard suspects a wrong environment or project, not dead tokens; nor
+   does one refused for its app's configuration (`BadTopic`, `certificate_expired`,
+   ... : the core's `CONFIG_REASONS`), which every token of the app gets alike.
 2. **transient streak**: its receipts since its last `ok` include at least
    `transient_failures` (N, default 5) failures with a status in `transient_statuses`
    (default `transient`) that reached the provider (`attempts > 0`; the gateway's own
@@ -41,6 +43,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.core.classify import CONFIG_REASONS
 from gateway.core.push import ProviderKind
 from spark_plugins.jobs import (
     JAVA_INT_MAX,
@@ -68,6 +71,10 @@ NAME = "dead-tokens"
 FILE = "dead-tokens.jsonl"
 STREAK_REASON = "consecutive_transient_failures"
 HELD_REASON = "invalidation_suspended"  # gateway.core.push.Reason.INVALIDATION_SUSPENDED
+# Refusals that say nothing of the token: the guard's hold (above) and an app's
+# configuration refused (a wrong topic, an expired or refused certificate, a wrong
+# project): every token of the app gets them, and retiring on them would delete them all.
+NOT_THE_TOKEN = (HELD_REASON, *sorted(CONFIG_REASONS))
 FIELDS = ("plugin", "app_id", "provider", "token_hash", "reason", "failures", "last_seen")
 
 # what a status option may name: the documented statuses, except the success (an `ok`
@@ -146,8 +153,9 @@ def per_token(receipts: DataFrame, options: Mapping[str, Any]) -> DataFrame:
     # A push the mass-invalidation guard held (`permanent` / `invalidation_suspended`)
     # got a token-invalid answer while most of its app's tokens did: a wrong environment
     # or project, not a dead token. The guard exists so that nothing deletes those
-    # tokens; retiring them here would, once `permanent` is among the statuses.
-    held = F.col("reason").eqNullSafe(F.lit(HELD_REASON))
+    # tokens; retiring them here would, once `permanent` is among the statuses. The
+    # same for a push refused for its app's configuration (`NOT_THE_TOKEN`).
+    held = F.coalesce(F.col("reason").isin(*NOT_THE_TOKEN), F.lit(False))
     perm = status.isin(*options["permanent_statuses"]) & ~held
     transient = status.isin(*options["transient_statuses"]) & (F.col("attempts") > 0)
     return (

@@ -9,6 +9,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from gateway.core.classify import CONFIG_REASONS
+
+# Refusals that never retire a token: the guard's hold, an app's configuration refused.
+NOT_THE_TOKEN = frozenset({"invalidation_suspended"}) | CONFIG_REASONS
+
 STATUSES = ("ok", "token_invalid", "permanent", "auth", "throttled", "transient")
 
 
@@ -123,13 +128,12 @@ def dead_tokens(
     for key, rows in by_token.items():
         oks = [r["ts"] for r in rows if r["status"] == "ok"]
         last_ok = max(oks) if oks else -math.inf
-        # what the mass-invalidation guard held never retires (docs/delivery.md)
+        # what the mass-invalidation guard held, or an app's configuration refusal, never
+        # retires (docs/delivery.md, docs/spark.md)
         perms = [
             r
             for r in rows
-            if r["status"] in permanent
-            and r["reason"] != "invalidation_suspended"
-            and r["ts"] > last_ok
+            if r["status"] in permanent and r["reason"] not in NOT_THE_TOKEN and r["ts"] > last_ok
         ]
         streak = [
             r["ts"]

@@ -278,14 +278,15 @@ def test_dead_tokens_thresholds_are_options(
     assert len(entries) == len(expected)
 
 
-def test_dead_tokens_never_retire_what_the_invalidation_guard_held(
+def test_dead_tokens_never_retire_what_the_guard_held_or_the_config_refused(
     spark: Any, tmp_path: Path
 ) -> None:
     """With `permanent` among the permanent statuses, a push refused as malformed
     retires its token, but one the mass-invalidation guard held (`permanent` /
     `invalidation_suspended`: most tokens of the app came back invalid, a wrong
     environment or project) does not: the guard exists so that nothing deletes those
-    tokens (docs/delivery.md), and `pushgw tokens retire` would."""
+    tokens (docs/delivery.md), and `pushgw tokens retire` would. Nor does one refused
+    for its app's configuration (an expired or refused certificate, a wrong topic)."""
     from gateway.core.push import Outcome
     from tests.spark.conftest import START, receipt
 
@@ -297,6 +298,11 @@ def test_dead_tokens_never_retire_what_the_invalidation_guard_held(
             reason="invalidation_suspended",
         )
         for i in range(3)
+    ]
+    # refused for the app's configuration: every token of the app gets these alike
+    items += [
+        receipt(START + 20 + i, Outcome.PERMANENT, token=f"config-{i}", attempts=0, reason=why)
+        for i, why in enumerate(("certificate_expired", "certificate_refused", "BadTopic"))
     ]
     items.append(
         receipt(

@@ -30,6 +30,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from gateway.core.classify import CONFIG_REASONS
 from gateway.core.push import Outcome, ProviderKind, Receipt
 from gateway.receipt_files import read_records
 from spark_plugins import synthetic
@@ -38,6 +39,9 @@ from spark_plugins.delivery_report import JOB as REPORT
 from spark_plugins.jobs import JobResult, SparkJob
 from spark_plugins.volume_anomalies import JOB as ANOMALIES
 from tests.spark.conftest import START
+
+# Refusals that never retire a token (docs/spark.md): the guard's hold, a configuration one.
+NOT_THE_TOKEN = frozenset({"invalidation_suspended"}) | CONFIG_REASONS
 
 pytestmark = pytest.mark.spark
 
@@ -213,7 +217,7 @@ def expected_dead_tokens(
             r
             for r in rows
             if r["status"] in permanent
-            and not (r["status"] == "permanent" and r["reason"] == "invalidation_suspended")
+            and not (r["status"] == "permanent" and r["reason"] in NOT_THE_TOKEN)
             and r["ts"] > revived
         ]
         last_seen = max(r["ts"] for r in rows)
