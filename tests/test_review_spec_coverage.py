@@ -269,7 +269,7 @@ async def test_zulip_legacy_notify_disabled_server_without_feature_level(env: En
     )
 
 
-@pytest.mark.parametrize(("priority", "push_type"), [(1, "liveactivity"), (5, "mdm")])
+@pytest.mark.parametrize(("priority", "push_type"), [(1, "alert"), (5, "mdm")])
 async def test_zulip_e2ee_apns_headers_passed_through(
     env: Env, priority: int, push_type: str
 ) -> None:
@@ -300,3 +300,37 @@ async def test_zulip_e2ee_apns_headers_passed_through(
     assert "apns-expiration" not in request.headers
     assert "apns-collapse-id" not in request.headers
     assert json.loads(request.body) == payload
+
+
+@pytest.mark.parametrize("push_type", ["liveactivity", "voip"])
+async def test_zulip_e2ee_push_type_with_a_topic_of_its_own_keeps_the_token(
+    env: Env, push_type: str
+) -> None:
+    """§5.2 lists `liveactivity` and `voip`, but Apple takes them only on
+    `<bundle id>.push-type.liveactivity` / `.voip`, and Zulip's topic is the bundle id:
+    Apple would answer DeviceTokenNotForTopic, a dead token. The core refuses such a push
+    before sending (`invalid_payload`), so nothing reaches Apple and the registration
+    stays: the next ordinary push is delivered."""
+    server, realm = await env.ready_server()
+    token = apns_token()
+    assert (await server.e2ee_register(realm, token))[0] == 200
+
+    def notify(kind: str) -> dict[str, Any]:
+        return {
+            "realm_uuid": realm,
+            "push_requests": [
+                {
+                    "token_id": token_id_of(token),
+                    "http_headers": {"apns_priority": 10, "apns_push_type": kind},
+                    "payload": {"push_key_id": 7, "encrypted_data": "AAAA", "aps": {}},
+                }
+            ],
+        }
+
+    status, body = await server.json("push/e2ee/notify", notify(push_type))
+    assert status == 200, body
+    assert body["apple_successfully_sent_count"] == 0
+    assert env.apns.requests == []
+    status, body = await server.json("push/e2ee/notify", notify("alert"))
+    assert (status, body["apple_successfully_sent_count"]) == (200, 1), body
+    assert [r.headers["apns-push-type"] for r in env.apns.requests] == ["alert"]
