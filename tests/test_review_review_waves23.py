@@ -16,84 +16,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.config import ApnsAppConfig, DeliveryConfig
-from gateway.context import TokenHasher
+from gateway.config import ApnsAppConfig
 from gateway.core import apns as apns_module
 from gateway.core.apns import ApnsClient
-from gateway.core.dispatcher import Dispatcher
-from gateway.core.metrics import Metrics
-from gateway.core.push import ApnsOptions, InvalidToken, Outcome, Push, Reason, Receipt
-from gateway.core.tokens import InvalidationGuard, TokenInvalidation
+from gateway.core.push import Outcome, Reason
+from gateway.core.tokens import InvalidationGuard
 from gateway.testing import ApnsResponse, ApnsSimulator, SimulatorCA
 from gateway.testing.harness import apns_app_config
 
-TOPIC = "com.example.app"
-FAST = {"backoff_base": 0.02, "backoff_cap": 0.1, "throttle_backoff": 0.2}
-
-
-def device(n: int) -> str:
-    return f"{n:064x}"
-
-
-def push(token: str) -> Push:
-    return Push("p", "ios", token, {"aps": {"alert": "hi"}}, apns=ApnsOptions())
-
-
-class Rig:
-    def __init__(self, dispatcher: Dispatcher, metrics: Metrics) -> None:
-        self.dispatcher = dispatcher
-        self.metrics = metrics
-        self.invalid: list[InvalidToken] = []
-
-    def suspended(self) -> float | None:
-        return self.metrics.registry.get_sample_value(
-            "pushgw_token_invalidation_suspended", {"plugin": "p", "app": "ios"}
-        )
-
-
-@pytest.fixture
-async def rig_factory() -> AsyncIterator[Callable[..., Any]]:
-    made: list[Rig] = []
-
-    async def make(client: ApnsClient, **delivery: Any) -> Rig:
-        metrics = Metrics()
-        rig: Rig
-
-        async def notify(invalid: InvalidToken) -> None:
-            rig.invalid.append(invalid)
-
-        async def sink(_push: Push, _receipt: Receipt) -> None:
-            pass
-
-        dispatcher = Dispatcher(
-            DeliveryConfig(**{**FAST, **delivery}),
-            metrics,
-            TokenInvalidation(None, metrics, notify),
-            TokenHasher(b"k"),
-            sink,
-        )
-        rig = Rig(dispatcher, metrics)
-        dispatcher.add_app("p", "ios", client)
-        await dispatcher.start()
-        made.append(rig)
-        return rig
-
-    yield make
-    for rig in made:
-        await rig.dispatcher.close()
-
+# The dispatcher rig of the wrong-environment review: the same app, simulator and delivery.
+from tests.test_review_apns_environment import (  # noqa: F401  (rig_factory is a fixture)
+    TOPIC,
+    device,
+    push,
+    rig_factory,
+)
 
 # -- (1) the guard's start rule and a healthy app's dead devices -----------------------------
 
 
 async def test_dead_devices_after_a_restart_do_not_trip_the_start_rule(
-    rig_factory: Callable[..., Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    rig_factory: Callable[..., Any],  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Just restarted, the first 15 pushes go to devices whose app was uninstalled: APNs
     answers 410 Unregistered, which it gives only for a token of the right environment.
@@ -114,7 +65,8 @@ async def test_dead_devices_after_a_restart_do_not_trip_the_start_rule(
 
 
 async def test_the_start_rule_still_catches_a_wrong_environment_among_dead_devices(
-    rig_factory: Callable[..., Any], tmp_path: Path
+    rig_factory: Callable[..., Any],  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     """Dead devices do not count, nor do they prove the environment: sandbox tokens sent
     to production still trip the guard after 10 `BadDeviceToken` in a row."""
