@@ -24,16 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 
 from gateway.core.store import Store, invalid_tokens
-from gateway.testing import make_service_account
 from gateway.testing.apns_sim import ApnsResponse, ApnsSimulator
 from gateway.testing.fcm_sim import FcmSimulator
-from gateway.testing.harness import GatewayHarness, apns_app_config, base_config, fcm_app_config
+from gateway.testing.harness import GatewayHarness, apns_app_config, base_config
 from tests.test_review_runbook import (
     Raiser,
     Series,
-    closed_port,
     metrics_text,
     push,
+    runbook_config,
     sample_plugin,
     scrape,
     token,
@@ -153,33 +152,7 @@ def family(sample: str) -> str:
 async def traffic(tmp_path: Path) -> str:
     """/metrics after the failures an on-call engineer charts, driven for real."""
     async with ApnsSimulator() as apns, FcmSimulator() as fcm:
-        cert, key = apns.ca.issue(["client.example"])
-        (tmp_path / "push-cert.pem").write_bytes(cert.read_bytes() + key.read_bytes())
-        deleted = tmp_path / "deleted-sa.json"
-        make_service_account("deleted-project", fcm.token_uri, deleted)
-        apps = {
-            "ios": apns_app_config(apns, tmp_path),
-            "ios-cert": {"type": "apns", "certfile": str(tmp_path / "push-cert.pem")},
-            "ios-dead": apns_app_config(apns, tmp_path),
-            "ios-wrongkey": apns_app_config(apns, tmp_path, key_id="WRONGKEY01"),
-            "ios-down": apns_app_config(apns, tmp_path, port=closed_port()),
-            "android": fcm_app_config(fcm, tmp_path),
-            "android-deleted": {
-                **fcm_app_config(fcm, tmp_path, project_id="other"),
-                "service_account_file": str(deleted),
-                "project_id": "deleted-project",
-            },
-        }
-        config = base_config(
-            tmp_path,
-            {"sample": {"apps": apps}, "raiser": {}},
-            delivery={
-                "backoff_base": 0.01,
-                "backoff_cap": 0.02,
-                "circuit_breaker": {"failure_threshold": 2, "reset_after": 600},
-                "invalidation_guard_min": 4,
-            },
-        )
+        config = runbook_config(apns, fcm, tmp_path)
         plugins = {"sample": sample_plugin(), "raiser": Raiser()}
         async with GatewayHarness(config, extra_plugins=plugins) as gw:
             ok, throttled, gate = token(), token(), token()

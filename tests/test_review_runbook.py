@@ -163,6 +163,39 @@ def check_expression(expr: str, series: Series, *, values: bool) -> list[str]:
     return problems
 
 
+def runbook_config(apns: ApnsSimulator, fcm: FcmSimulator, tmp_path: Path) -> dict[str, Any]:
+    """The gateway config of the runbook's failures: a good APNs and FCM app, a
+    certificate app, one for dead tokens, a wrong key id, a provider down, a deleted
+    FCM service account; a plugin that raises. Shared with the dashboard review."""
+    deleted = tmp_path / "deleted-sa.json"
+    make_service_account("deleted-project", fcm.token_uri, deleted)  # not known to Google
+    cert, key = apns.ca.issue(["client.example"])  # certificate auth: its expiry is a metric
+    (tmp_path / "push-cert.pem").write_bytes(cert.read_bytes() + key.read_bytes())
+    apps = {
+        "ios": apns_app_config(apns, tmp_path),
+        "ios-cert": {"type": "apns", "certfile": str(tmp_path / "push-cert.pem")},
+        "ios-dead": apns_app_config(apns, tmp_path),
+        "ios-wrongkey": apns_app_config(apns, tmp_path, key_id="WRONGKEY01"),
+        "ios-down": apns_app_config(apns, tmp_path, port=closed_port()),
+        "android": fcm_app_config(fcm, tmp_path),
+        "android-deleted": {
+            **fcm_app_config(fcm, tmp_path, project_id="other"),
+            "service_account_file": str(deleted),
+            "project_id": "deleted-project",
+        },
+    }
+    return base_config(
+        tmp_path,
+        {"sample": {"apps": apps}, "raiser": {}},
+        delivery={
+            "backoff_base": 0.01,
+            "backoff_cap": 0.02,
+            "circuit_breaker": {"failure_threshold": 2, "reset_after": 600},
+            "invalidation_guard_min": 4,
+        },
+    )
+
+
 async def test_every_alert_rule_in_the_docs_reads_metrics_that_exist_after_real_traffic(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, no_secrets_logged: set[str]
 ) -> None:
@@ -172,33 +205,7 @@ async def test_every_alert_rule_in_the_docs_reads_metrics_that_exist_after_real_
     check every example rule against the /metrics those produced."""
     caplog.set_level(logging.DEBUG)
     async with ApnsSimulator() as apns, FcmSimulator() as fcm:
-        deleted = tmp_path / "deleted-sa.json"
-        make_service_account("deleted-project", fcm.token_uri, deleted)  # not known to Google
-        cert, key = apns.ca.issue(["client.example"])  # certificate auth: its expiry is a metric
-        (tmp_path / "push-cert.pem").write_bytes(cert.read_bytes() + key.read_bytes())
-        apps = {
-            "ios": apns_app_config(apns, tmp_path),
-            "ios-cert": {"type": "apns", "certfile": str(tmp_path / "push-cert.pem")},
-            "ios-dead": apns_app_config(apns, tmp_path),
-            "ios-wrongkey": apns_app_config(apns, tmp_path, key_id="WRONGKEY01"),
-            "ios-down": apns_app_config(apns, tmp_path, port=closed_port()),
-            "android": fcm_app_config(fcm, tmp_path),
-            "android-deleted": {
-                **fcm_app_config(fcm, tmp_path, project_id="other"),
-                "service_account_file": str(deleted),
-                "project_id": "deleted-project",
-            },
-        }
-        config = base_config(
-            tmp_path,
-            {"sample": {"apps": apps}, "raiser": {}},
-            delivery={
-                "backoff_base": 0.01,
-                "backoff_cap": 0.02,
-                "circuit_breaker": {"failure_threshold": 2, "reset_after": 600},
-                "invalidation_guard_min": 4,
-            },
-        )
+        config = runbook_config(apns, fcm, tmp_path)
         async with GatewayHarness(
             config, extra_plugins={"sample": sample_plugin(), "raiser": Raiser()}
         ) as gw:
