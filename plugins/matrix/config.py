@@ -18,9 +18,12 @@ from gateway.api import (
     ApnsAppConfig,
     ConfigModel,
     FcmAppConfig,
+    apns_payload_problem,
     expand_home,
     fcm_message_problem,
 )
+from plugins.matrix.msc3013 import ALGORITHMS
+from plugins.matrix.payloads import APNS_LIMIT
 
 log = logging.getLogger("plugins.matrix")
 
@@ -188,7 +191,31 @@ def _apns(app: MatrixAppConfig) -> ApnsAppConfig:
         data["max_connections"] = min(app.max_connections, 100)
     if app.max_in_flight:
         data["max_in_flight"] = app.max_in_flight
-    return ApnsAppConfig.model_validate(data)
+    core = ApnsAppConfig.model_validate(data)
+    if app.msc3013_mode != "off":
+        _check_fallback_alert(app, core)
+    return core
+
+
+# The longest `algorithm` an MSC3013 frame of a known algorithm carries.
+_LONGEST_ALGORITHM = max(sorted(ALGORITHMS), key=len)
+
+
+def _check_fallback_alert(app: MatrixAppConfig, core: ApnsAppConfig) -> None:
+    """Refuse a `msc3013_fallback_alert` that no push can carry: it is the alert of every
+    encrypted event frame without one of its own, so a value JSON has no form for (a
+    YAML `.nan`) answered every such notify 500, and one too large for APNs even without
+    the ciphertext had every such pushkey rejected (the homeserver deletes the pusher)."""
+    frame = {
+        "aps": {"alert": app.msc3013_fallback_alert, "mutable-content": 1},
+        "algorithm": _LONGEST_ALGORITHM,
+        "ciphertext_omitted": True,
+    }
+    # The plugin fits its APNs frames in APNS_LIMIT whatever the push type (`build`).
+    push_type = core.bound_push_type or app.push_type or "alert"
+    problem = apns_payload_problem(frame, push_type, APNS_LIMIT)
+    if problem is not None:
+        raise ValueError(f"msc3013_fallback_alert: {problem} (it is the alert of encrypted pushes)")
 
 
 def _fcm(app: MatrixAppConfig) -> FcmAppConfig:
