@@ -8,15 +8,12 @@ import logging
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from gateway.app import load_gateway
 from gateway.context import WORKER_ENV
 from gateway.core import dispatcher as dispatcher_module
 from gateway.core.dispatcher import Dispatcher, Lane
+from tests.test_review_apns_auth import _certificate_bundle
 
 # --- the per-device gate: which gate is forgotten first ----------------------------------
 
@@ -43,27 +40,8 @@ def test_a_device_throttled_again_is_not_the_first_gate_forgotten(
 
 
 def _expiring_certificate(path: Path, days: int) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Apple Push Services: com.ex")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=300))
-        .not_valid_after(now + datetime.timedelta(days=days))
-        .sign(key, hashes.SHA256())
-    )
-    path.write_bytes(
-        cert.public_bytes(serialization.Encoding.PEM)
-        + key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    """A push certificate and its key in one PEM file, expiring `days` from now."""
+    _certificate_bundle(path, valid_for=datetime.timedelta(days=days))
 
 
 @pytest.mark.parametrize(("worker", "lines"), [(None, 1), ("0", 0), ("3", 0)])
