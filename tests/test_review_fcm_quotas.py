@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from prometheus_client import generate_latest
 from gateway.config import DeliveryConfig, FcmAppConfig
 from gateway.context import TokenHasher
 from gateway.core.classify import classify_fcm
-from gateway.core.dispatcher import Dispatcher
+from gateway.core.dispatcher import Dispatcher, Lane
 from gateway.core.fcm import FcmClient
 from gateway.core.metrics import Metrics
 from gateway.core.push import InvalidToken, Outcome, Push, PushPolicy, Reason, Receipt
@@ -42,19 +43,27 @@ FCM_ERROR = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 
 @dataclass
 class Rig:
+    """An FCM app `p/android` behind a dispatcher, against the FCM simulator over HTTPS."""
+
     fcm: FcmSimulator
     dispatcher: Dispatcher
     metrics: Metrics
 
-    def push(self, tok: str, **policy: Any) -> Push:
-        return Push("p", "android", tok, {"data": {"k": "v"}}, policy=PushPolicy(**policy))
+    def push(self, tok: str, payload: Mapping[str, Any] | None = None, **policy: Any) -> Push:
+        message = {"data": {"k": "v"}} if payload is None else payload
+        return Push("p", "android", tok, message, policy=PushPolicy(**policy))
+
+    @property
+    def lane(self) -> Lane:
+        return self.dispatcher._lanes[("p", "android")]
 
     def gate_until(self) -> float:
-        return self.dispatcher._lanes[("p", "android")].gate_until
+        return self.lane.gate_until
 
 
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+@asynccontextmanager
+async def fcm_rig(tmp_path: Path, **app: Any) -> AsyncIterator[Rig]:
+    """The rig, started; `app` overrides the FCM app's configuration."""
     fcm = FcmSimulator(tls=True)
     await fcm.start()
     metrics = Metrics()
@@ -72,9 +81,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         TokenHasher(b"k"),
         sink,
     )
-    config = FcmAppConfig(
-        **fcm_app_config(fcm, tmp_path, project_id="shared-project", ca_file=str(fcm.ca_path))
-    )
+    config = FcmAppConfig(**fcm_app_config(fcm, tmp_path, ca_file=str(fcm.ca_path), **app))
     dispatcher.add_app("p", "android", FcmClient("android", config))
     await dispatcher.start()
     try:
@@ -82,6 +89,12 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     finally:
         await dispatcher.close()
         await fcm.stop()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async with fcm_rig(tmp_path, project_id="shared-project") as started:
+        yield started
 
 
 def no_token_leaked(rig: Rig, caplog: pytest.LogCaptureFixture, *receipts: Receipt) -> None:

@@ -13,74 +13,27 @@ how it backs off, from an Android engineer's point of view.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.config import DeliveryConfig, FcmAppConfig
-from gateway.context import TokenHasher
 from gateway.core import dispatcher as dispatcher_module
 from gateway.core.dispatcher import Dispatcher, Lane
 from gateway.core.fcm import FcmClient, message_problem
-from gateway.core.metrics import Metrics
-from gateway.core.push import InvalidToken, Outcome, Push, PushPolicy, Reason, Receipt
-from gateway.core.tokens import TokenInvalidation
-from gateway.testing.fcm_sim import FcmResponse, FcmSimulator, make_service_account
-from gateway.testing.harness import fcm_app_config
+from gateway.core.push import Outcome, Push, Reason
+from gateway.testing.fcm_sim import FcmResponse, make_service_account
 from plugins.matrix.payloads import fcm_message
 from plugins.zulip.payloads import e2ee_fcm_message, fcm_test_message, legacy_fcm_message
-
-DELIVERY = {"backoff_base": 0.02, "backoff_cap": 0.1, "throttle_backoff": 60.0}
-NOISY = "noisy-phone:APA91b" + "N" * 140
-QUIET = "quiet-phone:APA91b" + "Q" * 140
-
-
-@dataclass
-class Rig:
-    fcm: FcmSimulator
-    dispatcher: Dispatcher
-    metrics: Metrics
-
-    def push(self, tok: str, payload: Mapping[str, Any] | None = None, **policy: Any) -> Push:
-        message = {"data": {"k": "v"}} if payload is None else payload
-        return Push("p", "android", tok, message, policy=PushPolicy(**policy))
-
-    @property
-    def lane(self) -> Lane:
-        return self.dispatcher._lanes[("p", "android")]
+from tests.test_review_fcm_quotas import NOISY, QUIET, Rig, fcm_rig
 
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    fcm = FcmSimulator(tls=True)
-    await fcm.start()
-    metrics = Metrics()
-
-    async def notify(_invalid: InvalidToken) -> None:
-        raise AssertionError("no token is invalid here")
-
-    async def sink(_push: Push, _receipt: Receipt) -> None:
-        return None
-
-    dispatcher = Dispatcher(
-        DeliveryConfig(**DELIVERY),
-        metrics,
-        TokenInvalidation(None, metrics, notify),
-        TokenHasher(b"k"),
-        sink,
-    )
-    config = FcmAppConfig(**fcm_app_config(fcm, tmp_path, ca_file=str(fcm.ca_path)))
-    dispatcher.add_app("p", "android", FcmClient("android", config))
-    await dispatcher.start()
-    try:
-        yield Rig(fcm, dispatcher, metrics)
-    finally:
-        await dispatcher.close()
-        await fcm.stop()
+    async with fcm_rig(tmp_path) as started:
+        yield started
 
 
 # --- messages Google's parser refuses ----------------------------------------------------
