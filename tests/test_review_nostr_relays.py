@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,6 +32,7 @@ from tests.marmot.helpers import (
     tags_for,
 )
 from tests.marmot.scripted_relay import ScriptedRelay
+from tests.marmot.test_relay_client import Sink
 
 
 @pytest.fixture(scope="module")
@@ -77,26 +77,6 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 20.0)
         while not condition():
             await asyncio.sleep(0.02)
     assert condition(), what
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.events: list[Mapping[str, Any]] = []
-
-    def on_event(self, relay: RelayClient, event: Mapping[str, Any]) -> None:
-        self.events.append(event)
-
-    def on_oversize(self, relay: RelayClient) -> None:
-        pass
-
-    def on_malformed(self, relay: RelayClient) -> None:
-        pass
-
-    def on_unrequested(self, relay: RelayClient) -> None:
-        pass
-
-    def on_state(self, relay: RelayClient, old: RelayState, new: RelayState) -> None:
-        pass
 
 
 async def test_a_wss_relay_behind_a_private_ca_is_trusted_through_ca_file(
