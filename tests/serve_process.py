@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -77,3 +80,10 @@ def gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the process group `spawn_serve` started: a failed test leaves no gateway
+    or worker behind."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)

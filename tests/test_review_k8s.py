@@ -5,7 +5,6 @@ synchronisation: the tests wait on the gateway's own lines or its exit."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import os
 import re
@@ -26,7 +25,7 @@ from gateway.serve import STOP_GRACE
 from gateway.testing.apns_sim import ApnsSimulator, generate_apns_auth_key
 from gateway.testing.fcm_sim import make_service_account
 from gateway.testing.harness import apns_app_config
-from tests.serve_process import finish, free_port, read_until, running_pids, spawn_serve
+from tests.serve_process import finish, free_port, kill_group, read_until, running_pids, spawn_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "ef" * 32
@@ -52,11 +51,6 @@ async def _spawn(config: Path) -> asyncio.subprocess.Process:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PUSHGW_CONFIG", None)
     return await spawn_serve(config, env)
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def _notify(session: aiohttp.ClientSession, port: int, n: int) -> int:
@@ -110,7 +104,7 @@ async def test_after_sigterm_readyz_is_503_while_the_gateway_still_serves(
                     assert response.status == 200  # alive: no restart for stopping
                 assert await _notify(session, port, 1) == 200  # a new connection: served
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     assert "Traceback" not in "".join(seen)
 
@@ -130,7 +124,7 @@ async def test_after_the_shutdown_delay_the_gateway_drains_and_exits_cleanly(
             proc.send_signal(signal.SIGTERM)
             status = await finish(proc, seen)
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     stderr = "".join(seen)
     assert status == 0, stderr

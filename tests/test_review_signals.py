@@ -5,7 +5,6 @@ synchronisation: the tests wait on the gateway's own lines, its exit, or /proc."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -20,7 +19,15 @@ import yaml
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
-from tests.serve_process import finish, free_port, gone, read_until, running_pids, spawn_serve
+from tests.serve_process import (
+    finish,
+    free_port,
+    gone,
+    kill_group,
+    read_until,
+    running_pids,
+    spawn_serve,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "cd" * 32
@@ -90,11 +97,6 @@ def _receipts(tmp_path: Path) -> list[dict[str, Any]]:
     return read_records(tmp_path / "receipts")
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 # --- SIGHUP, SIGUSR1, SIGUSR2: logged and ignored ------------------------------------------
 
 
@@ -124,7 +126,7 @@ async def test_sighup_and_sigusr_are_ignored_with_a_line_and_nothing_is_lost(
             proc.send_signal(signal.SIGTERM)
             status = await finish(proc, seen)
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     stderr = "".join(seen)
     assert status == 0, stderr
@@ -151,7 +153,7 @@ async def test_sigquit_stops_the_gateway_gracefully(tmp_path: Path, workers: int
             status = await finish(proc, seen)
             await _wait_for(lambda: all(gone(pid) for pid in pids), "the workers to exit")
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     stderr = "".join(seen)
     assert status == 0, stderr
@@ -180,7 +182,7 @@ async def test_workers_stop_gracefully_when_their_parent_is_killed(tmp_path: Pat
             await _wait_for(lambda: all(gone(pid) for pid in pids), "the orphaned workers to exit")
             assert not _listening(port)
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     assert len(_receipts(tmp_path)) == 1, "".join(seen)
 
@@ -208,7 +210,7 @@ async def test_a_closed_stderr_does_not_stop_the_gateway(tmp_path: Path) -> None
             proc.send_signal(signal.SIGTERM)
             status = await asyncio.wait_for(proc.wait(), 120)
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     assert status == 0
     assert len(_receipts(tmp_path)) == 1

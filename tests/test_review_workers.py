@@ -7,7 +7,6 @@ wait on the gateway's own lines, its files, its answers or its exit."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import signal
@@ -27,7 +26,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from gateway.receipt_files import read_records
 from gateway.testing.apns_sim import ApnsSimulator
 from gateway.testing.harness import apns_app_config
-from tests.serve_process import finish, free_port, gone, running_pids, spawn_serve
+from tests.serve_process import finish, free_port, gone, kill_group, running_pids, spawn_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 PUSHKEY = "ef" * 32
@@ -80,11 +79,6 @@ def _env(**extra: str) -> dict[str, str]:
 
 async def _spawn(config: Path, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     return await spawn_serve(config, env or _env())
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def _wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -186,7 +180,7 @@ async def test_every_worker_delivers_metrics_add_up_and_sigterm_drains_them_all(
             status = await finish(proc, seen)
             assert all(gone(pid) for pid in pids)
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     stderr = "".join(seen)
     assert status == 0, stderr
@@ -227,7 +221,7 @@ async def test_a_worker_killed_outright_stops_the_gateway_with_one_line(tmp_path
             status = await finish(proc, seen)
             assert gone(pids[0])
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     stderr = "".join(seen)
     assert status == 1, stderr
@@ -280,7 +274,7 @@ async def test_an_inherited_multiprocess_directory_is_ignored(
             proc.send_signal(signal.SIGTERM)
             status = await finish(proc, seen)
         finally:
-            _kill_group(proc)
+            kill_group(proc)
             await proc.wait()
     stderr = "".join(seen)
     assert status == 0, stderr
@@ -342,7 +336,7 @@ async def test_the_invalid_token_sweep_runs_once_per_node(
                 proc.send_signal(signal.SIGTERM)
                 status = await finish(proc, seen)
             finally:
-                _kill_group(proc)
+                kill_group(proc)
                 await proc.wait()
             assert status == 0, "".join(seen)
             assert await sweeps() == 1
