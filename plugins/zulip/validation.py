@@ -230,8 +230,24 @@ def validate_hostname(hostname: str) -> str:
 
 
 def _is_dns_name(host: str) -> bool:
-    labels = host.rstrip(".").split(".")
-    return bool(host) and all(_HOST_LABEL.fullmatch(label) for label in labels)
+    """A DNS name, internationalized ones included (`chat.münchen.de`): Zulip's bouncer
+    (Django's URLValidator, the email-validator package) accepts them, so a Zulip server
+    whose EXTERNAL_HOST or administrator address is one must be able to register here."""
+    ascii_host = _to_ascii(host)
+    if not ascii_host:
+        return False
+    labels = ascii_host.rstrip(".").split(".")
+    return all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
+def _to_ascii(host: str) -> str | None:
+    """The A-label (punycode) form of `host`, as DNS sees it; None when it has none."""
+    if host.isascii():
+        return host
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return None
 
 
 def _is_ipv6_address(host: str) -> bool:
@@ -261,7 +277,8 @@ def validate_email(email: str) -> str:
         elif (
             "." not in domain
             or len(domain) > 255
-            or not all(_HOST_LABEL.fullmatch(label) for label in domain.split("."))
+            or domain.endswith(".")
+            or not _is_dns_name(domain)
         ):
             reason = "The domain name is not valid."
         elif len(email) > EMAIL_MAX_LEN:
