@@ -416,6 +416,114 @@ async def cmd_tokens_retire(args: argparse.Namespace, context: CommandContext) -
 _MAX_FAILURE_LINES = 20
 
 
+ARGUMENT_TOKEN_WARNING = (
+    "pushgw: warning: a token given as an argument stays in the shell's history and "
+    "shows in `ps`: give it on stdin instead (`pushgw tokens hash < token.txt`)"
+)
+
+
+def cmd_tokens_hash(args: argparse.Namespace, context: CommandContext) -> int:
+    """Print the keyed hash receipts carry for each device token given (docs/cli.md).
+
+    A support engineer has a user's token, the receipts have only its hash: this is the
+    one way from the first to the second, under the configured `receipts.hmac_key`, so
+    that nobody hand-rolls an HMAC (or pastes the token and the key into a web page).
+    The tokens are read before the configuration, and never printed back.
+    """
+    if args.token not in (None, "-"):
+        print(ARGUMENT_TOKEN_WARNING, file=sys.stderr)
+        tokens = [args.token.strip()]
+    else:
+        tokens = _stdin_tokens()
+    if not all(tokens):
+        raise UsageError("no token given: pipe one token per line on stdin")
+    loaded = context.load()
+    _no_config_note(args, loaded)
+    from gateway.config.sections import DEVELOPMENT_HMAC_KEY
+
+    if loaded.settings.receipts.hmac_key.get_secret_value() == DEVELOPMENT_HMAC_KEY:
+        print(
+            "pushgw: warning: receipts.hmac_key is not set: this is the hash under the public "
+            "development key, which matches only receipts of a gateway that ran without a key",
+            file=sys.stderr,
+        )
+    for token in tokens:
+        print(loaded.runtime.hasher(token))
+    return 0
+
+
+_HASH_CHARS = frozenset("0123456789abcdef")
+
+
+async def cmd_tokens_status(args: argparse.Namespace, context: CommandContext) -> int:
+    """Print the dead-token records (`pushgw_invalid_tokens`) of the given hashes, one
+    JSON object a line: whether, when and why a device's token was retired (docs/cli.md).
+    """
+    from sqlalchemy import select
+
+    from gateway.core.store import invalid_tokens
+
+    hashes = [_token_hash_argument(text) for text in args.hashes]
+    async with context.open_store() as store, store.engine.connect() as conn:
+        query = (
+            select(invalid_tokens)
+            .where(invalid_tokens.c.token_hash.in_(hashes))
+            .order_by(invalid_tokens.c.invalidated_at)
+        )
+        rows = (await conn.execute(query)).mappings().all()
+    for row in rows:
+        record = dict(row)
+        record["invalidated_at"] = _utc_iso(row["invalidated_at"])
+        print(json.dumps(record))
+    found = {row["token_hash"] for row in rows}
+    days = context.load().settings.store.invalid_tokens_retention / 86400
+    for number, value in enumerate(hashes, 1):
+        if value not in found:  # named by position: a hex APNs token looks like a hash
+            print(
+                f"pushgw: HASH {number}: no dead-token record: not retired in the last "
+                f"{days:g} days (store.invalid_tokens_retention), or hashed under another "
+                "receipts.hmac_key",
+                file=sys.stderr,
+            )
+    return 0
+
+
+def _token_hash_argument(text: str) -> str:
+    """A receipts `token_hash` (hex, either case): else a usage error that does not
+    echo it (it could be the token itself)."""
+    value = text.strip().lower()
+    if len(value) != 64 or not set(value) <= _HASH_CHARS:
+        raise UsageError(
+            "not a token hash (64 hex characters, the receipts' token_hash); "
+            "`pushgw tokens hash` makes one from a token"
+        )
+    return value
+
+
+def _utc_iso(value: Any) -> str:
+    """A stored time as ISO 8601 UTC (SQLite gives it back without its zone)."""
+    import datetime as dt
+
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return str(value.astimezone(dt.UTC).isoformat(timespec="seconds"))
+
+
+def _stdin_tokens() -> list[str]:
+    """The non-empty lines of stdin, stripped; from a terminal, one token, not echoed."""
+    if sys.stdin is None:
+        return []
+    if sys.stdin.isatty():
+        import getpass
+
+        return [getpass.getpass("device token (not shown): ", stream=sys.stderr).strip()]
+    try:
+        text = sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError:  # its bytes are not shown: they may be a token
+        raise UsageError("stdin: not UTF-8 text") from None
+    return [line.strip() for line in text.splitlines() if line.strip()] or [""]
+
+
 def _tokens(count: int) -> str:
     return f"{count} token" if count == 1 else f"{count} tokens"
 
@@ -607,6 +715,28 @@ def build_parser(plugin_commands: Callable[[Any], None] | None = None) -> argpar
     )
     retire.add_argument("file")
     retire.set_defaults(handler=cmd_tokens_retire)
+    hash_ = tokens_sub.add_parser(
+        "hash",
+        parents=[common],
+        help="print the keyed hash that receipts carry for a device token (read from stdin)",
+    )
+    hash_.add_argument(
+        "token",
+        nargs="?",
+        metavar="TOKEN",
+        help="the device token (default, or -: one per line on stdin; an argument stays "
+        "in the shell's history)",
+    )
+    hash_.set_defaults(handler=cmd_tokens_hash)
+    status = tokens_sub.add_parser(
+        "status",
+        parents=[common],
+        help="whether, when and why tokens were retired (their dead-token records)",
+    )
+    status.add_argument(
+        "hashes", nargs="+", metavar="HASH", help="receipts' token_hash (`pushgw tokens hash`)"
+    )
+    status.set_defaults(handler=cmd_tokens_status)
 
     receipts = sub.add_parser("receipts", help="delivery receipts files")
     receipts_sub = receipts.add_subparsers(
