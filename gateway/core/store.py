@@ -25,6 +25,7 @@ from alembic.script import Script, ScriptDirectory
 from alembic.util import CommandError, to_tuple
 from sqlalchemy import Column, DateTime, Index, MetaData, String, Table, event, text
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -100,6 +101,51 @@ def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
 
 
+# What an operator should check for a PostgreSQL error, by SQLSTATE, then by its class
+# (the first two characters): the policies a production server enforces on its clients.
+_ADVICE = {
+    "25006": "the database is read-only (a switchover in progress, or "
+    "default_transaction_read_only): writes fail until it is writable again",
+    "57014": "a statement was cancelled (statement_timeout, pg_cancel_backend): check the "
+    "timeout set for pushgw's role and the locks held on its tables",
+    "25P03": "idle_in_transaction_session_timeout ended the connection",
+    "53300": "no connection slot left (max_connections, or the role's CONNECTION LIMIT): "
+    "size store.pool_size against it (docs/configuration.md)",
+    "42501": "pushgw's role lacks a privilege: grant it USAGE on the schema and SELECT, "
+    "INSERT, UPDATE, DELETE on the tables and sequences of its migrations",
+    "42P01": "a table is missing: run `pushgw db upgrade`, and check that the role's "
+    "search_path names the schema holding pushgw's tables",
+    "57P01": "an administrator or a failover ended the connection (pg_terminate_backend)",
+    "57P03": "the server is starting, stopping or recovering",
+    "08": "the connection to the database failed (a restart, a failover, the network)",
+    "53": "the database server is out of resources (disk, memory, connections)",
+    "40": "the transaction conflicted with another (deadlock, serialization failure)",
+}
+
+
+def database_problem(exc: BaseException) -> str | None:
+    """One line for the operator's log saying what a database error is and what to check;
+    None when `exc` is not a database error.
+
+    Never the driver's message for PostgreSQL: asyncpg's may quote a statement's
+    parameters (a device token). The error's kind and SQLSTATE say as much, and the
+    advice says what to do. SQLite's messages are fixed texts and are kept.
+    """
+    if not isinstance(exc, DBAPIError):
+        return None
+    orig = exc.orig if exc.orig is not None else exc
+    cause = orig.__cause__ if isinstance(orig.__cause__, Exception) else orig
+    kind = type(cause).__name__
+    code = getattr(orig, "sqlstate", None) or getattr(cause, "sqlstate", None)
+    if code is None:
+        if exc.connection_invalidated or isinstance(cause, OSError):
+            return f"{kind}: {_ADVICE['08']}"
+        text = str(orig).strip().splitlines() if orig.__module__.startswith("sqlite3") else []
+        return f"{kind}: {text[0]}" if text else kind
+    advice = _ADVICE.get(code) or _ADVICE.get(code[:2])
+    return f"{kind} (SQLSTATE {code})" + (f": {advice}" if advice else "")
+
+
 class Store:
     """The gateway's database handle, given to plugins as `context.store`."""
 
@@ -109,6 +155,9 @@ class Store:
         self.sessions: async_sessionmaker[AsyncSession] = async_sessionmaker(
             self.engine, expire_on_commit=False
         )
+
+    # For plugins (through `context.store`): their log line for a failed request.
+    problem = staticmethod(database_problem)
 
     @property
     def dialect(self) -> str:

@@ -386,10 +386,20 @@ class Bouncer:
                 503,
             ) from None
 
-    @staticmethod
-    def _internal_error(request: web.Request, exc: Exception) -> web.Response:
-        # By type only: database errors quote statement parameters (tokens).
-        log.error("zulip: %s failed with %s", request.path, type(exc).__name__)
+    def _internal_error(self, request: web.Request, exc: Exception) -> web.Response:
+        # Never the error's text: database errors quote statement parameters (tokens). A
+        # database error by its kind and SQLSTATE, with what to check: "failed with
+        # DBAPIError" said neither that the database was read-only nor that a statement
+        # timed out.
+        problem = self.context.store.problem(exc)
+        if problem is None:
+            log.error("zulip: %s failed with %s", request.path, type(exc).__name__)
+        else:
+            log.error(
+                "zulip: %s failed on the database, answered 500 (the Zulip server retries): %s",
+                request.path,
+                problem,
+            )
         return ZulipError("Internal server error", "INTERNAL_SERVER_ERROR", 500).response()
 
     async def _authenticate(self, request: web.Request) -> DbRow:

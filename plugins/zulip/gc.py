@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.api import Store
 from plugins.zulip import repo
 
 __all__ = ["GcCounts", "ZulipService", "collect", "parse_duration"]
@@ -93,15 +94,15 @@ class ZulipService:
                 self._failed = True
                 log.error(
                     "zulip gc failed: %s; trying again in %g s",
-                    type(exc).__name__,
+                    Store.problem(exc) or type(exc).__name__,
                     self._retry_in(),
                 )
             await asyncio.sleep(self._retry_in() if self._failed else self._interval)
 
     def _retry_in(self) -> float:
         # A failed run (nodes and workers that start together collect at once: a lock
-        # timeout, a deadlock) is tried again soon, not a day later: the service is not
-        # ready meanwhile.
+        # timeout, a deadlock, a database read-only during a switchover) is tried again
+        # soon, not a day later.
         return min(self._interval or GC_RETRY, GC_RETRY)
 
     async def stop(self) -> None:
@@ -114,4 +115,15 @@ class ZulipService:
             await self._on_stop()
 
     def ready(self) -> bool:
-        return not self._failed
+        # Not the gc's state: a failed gc keeps no request from being served, and every
+        # node shares the database whose trouble failed it (read-only during a
+        # switchover, a missing grant), so /readyz answering 503 took them all out of
+        # their balancer at once, for `GC_RETRY` after the database was writable again.
+        # Shown in `status()` and logged instead.
+        return True
+
+    def status(self) -> dict[str, str]:
+        """`/readyz` `service_status`: whether the periodic gc is off, ok or failing."""
+        if self._interval is None:
+            return {"gc": "off"}
+        return {"gc": "failing" if self._failed else "ok"}
