@@ -16,9 +16,10 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
-from gateway.cli import _load, cmd_tokens_retire
+from gateway.cli import _load
 from gateway.cli import main as pushgw
 from gateway.context import CommandContext
+from gateway.token_commands import cmd_tokens_retire
 from plugins.marmot.keys import ServerKey
 from plugins.zulip import repo
 from plugins.zulip.tables import e2ee_devices, legacy_devices, realms, servers
