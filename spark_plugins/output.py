@@ -1,7 +1,8 @@
 """Writing job outputs to a local directory or any Hadoop file system URI.
 
 Tables are written twice: as a Parquet directory (`NAME.parquet/`, for tools) and as
-one CSV file with a header (`NAME.csv`, for people; RFC 4180 quoting). A table the job
+one CSV file with a header (`NAME.csv`, for people; RFC 4180 quoting; a text value a
+spreadsheet would run as a formula starts with `'`, see `FORMULA_START`). A table the job
 brings to the driver anyway (`collect=True`: a report's summary, its chart's hours) is
 written there, from the rows it collected: one Spark job instead of three, which is most
 of a small table's cost. Any other table is written by Spark, as large as it may be.
@@ -16,6 +17,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import time
 from datetime import datetime
@@ -38,6 +40,15 @@ CSV_OPTIONS = {
     "ignoreTrailingWhiteSpace": "false",
 }
 CSV_TIMESTAMP = "%Y-%m-%dT%H:%M:%SZ"  # CSV_OPTIONS' timestampFormat, for rows written here
+
+# A text value that spreadsheets (Excel, LibreOffice, Google Sheets) would evaluate as a
+# formula: `=`, `+`, `-` or `@` first, after any leading whitespace, which they skip.
+# Receipt fields are untrusted (a provider's reason, a hostile app id), and a formula
+# can exfiltrate the sheet (`=HYPERLINK(...)`, `=WEBSERVICE(...)`) or run a command (DDE).
+# In CSV such a value starts with a `'` (OWASP's CSV injection advice), which the
+# spreadsheet shows as text; the Parquet files hold every value as it is.
+FORMULA_START = r"^[ \t\r\n\f\x0B]*[=+\-@]"  # the same pattern in Python and Java
+_FORMULA = re.compile(FORMULA_START)
 
 
 def join(base: str, name: str) -> str:
@@ -224,12 +235,30 @@ def _write_with_spark(df: DataFrame, out_dir: str, name: str, sort: list[str]) -
         single.write.mode("overwrite").parquet(parquet)
         header = (",".join(df.columns) + "\n").encode()
         csv_path = write_single(
-            single, join(out_dir, f"{name}.csv"), "csv", CSV_OPTIONS, empty=header
+            _inert_formulas(single), join(out_dir, f"{name}.csv"), "csv", CSV_OPTIONS, empty=header
         )
     finally:
         if owned:
             cached.unpersist()
     return _table_paths(name, parquet, csv_path)
+
+
+def _inert_formulas(df: DataFrame) -> DataFrame:
+    """`df` with every text value a spreadsheet would run as a formula prefixed with `'`
+    (`FORMULA_START`): a projection, so the rows keep their order."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    def inert(name: str) -> Any:
+        col = F.col(f"`{name}`")
+        return F.when(col.rlike(FORMULA_START), F.concat(F.lit("'"), col)).otherwise(col)
+
+    return df.select(
+        *[
+            inert(f.name).alias(f.name) if isinstance(f.dataType, StringType) else f"`{f.name}`"
+            for f in df.schema.fields
+        ]
+    )
 
 
 def _table_paths(name: str, parquet: str, csv_path: str) -> dict[str, str]:
@@ -275,8 +304,9 @@ def _csv_bytes(columns: list[str], rows: list[dict[str, Any]]) -> bytes:
     """Rows as CSV the way CSV_OPTIONS has Spark write them: a header, null as an empty
     field, timestamps as `2025-01-10T16:00:00Z`, booleans as `true`/`false`, NaN and
     infinities as `NaN`, `Inf`, `-Inf`; a value holding a comma, a quote, a CR or an LF
-    is quoted (RFC 4180), any other as it is, spaces and tabs included. Unlike Spark,
-    an empty string is an empty field too (as Python's csv module writes it)."""
+    is quoted (RFC 4180), any other as it is, spaces and tabs included, except text a
+    spreadsheet would run as a formula, which starts with `'` (`FORMULA_START`). Unlike
+    Spark, an empty string is an empty field too (as Python's csv module writes it)."""
     lines = [_csv_line(columns)]
     lines.extend(_csv_line([_csv_field(row[c]) for c in columns]) for row in rows)
     return "".join(lines).encode()
@@ -307,6 +337,8 @@ def _csv_field(value: Any) -> Any:
         return "true" if value else "false"
     if isinstance(value, float) and not math.isfinite(value):  # Spark's nanValue, ...Inf
         return "NaN" if math.isnan(value) else ("Inf" if value > 0 else "-Inf")
+    if isinstance(value, str) and _FORMULA.match(value):
+        return "'" + value  # as `_inert_formulas` has Spark write it
     return value  # None is written as an empty field
 
 
