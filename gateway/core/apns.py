@@ -13,7 +13,13 @@ workarounds of specs/providers.md §4.1 applied through subclasses:
   error bodies), raises instead of waiting when the send window is short, leaks
   per-stream state on every 200, and leaves bodiless errors and RST_STREAM hanging
   with their stream slot taken. Here a stream resolves when it ends or is reset,
-  and a send abandoned by its timeout resets its stream.
+  and a send abandoned by its timeout resets its stream and PINGs the connection
+  (closed when the PING goes unanswered: a server or path that stopped answering).
+  A GOAWAY retires the connection: the requests above its last stream id, and those
+  refused with RST_STREAM REFUSED_STREAM, were not processed and are sent again at
+  once (RFC 9113 section 8.7), while those at or below it keep waiting for their
+  answers (aioapns, and h2 itself, dropped the connection at once: those were retried
+  and could be delivered twice).
 - `_StreamSlots` (subclass of `ChannelPool`) follows SETTINGS_MAX_CONCURRENT_STREAMS
   correctly in both directions.
 - `_ApnsPool` (subclass of `APNsBaseConnectionPool`) creates connections with one
@@ -59,10 +65,12 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
     load_pem_private_key,
 )
+from h2.connection import ConnectionInputs, ConnectionState
 from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
+    PingAckReceived,
     RemoteSettingsChanged,
     ResponseReceived,
     StreamEnded,
@@ -262,6 +270,27 @@ class StreamResetError(Exception):
     """The server reset the request's stream (RST_STREAM)."""
 
 
+class NotProcessedError(ConnectionClosed):
+    """The server did not process the request: its stream was refused (RST_STREAM
+    REFUSED_STREAM) or is above a GOAWAY's last stream id. Safe to send again."""
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCodes(code).name
+    except ValueError:
+        return f"code {code}"
+
+
+def _goaway_reason(data: bytes | None) -> str:
+    """APNs's `{"reason": ...}` in a GOAWAY's debug data, printable and bounded."""
+    try:
+        reason = json.loads(data or b"").get("reason")
+    except (ValueError, AttributeError):
+        return ""
+    return printable(reason[:64]) if isinstance(reason, str) else ""
+
+
 class _Stream:
     __slots__ = ("body", "future", "headers", "notification_id")
 
@@ -318,6 +347,9 @@ class _ApnsProtocol(APNsTLSClientProtocol):
     APNS_SERVER = PRODUCTION_HOST
     APNS_PORT = DEFAULT_PORT
     INACTIVITY_TIME = IDLE_SECONDS  # type: ignore[assignment]
+    # Seconds the PING sent after a request timed out may go unanswered before the
+    # connection is taken for dead and closed.
+    PING_TIMEOUT = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -329,7 +361,20 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         self._flush_scheduled = False
         self._last_write = 0.0
         self._retired = False  # out of the pool; closes when its last stream ends
+        self._ping_sent: float | None = None  # loop time of the PING not yet answered
+        self._ping_timer: asyncio.TimerHandle | None = None
         self.on_capacity: Callable[[], None] | None = None  # set by the pool
+        # h2 takes no frame after a GOAWAY it received (python-hyper/h2#1181): the answers
+        # to the streams the server still processes would be a protocol error. The
+        # connection stays open on our side instead; `on_connection_terminated` retires it.
+        machine = self.conn.state_machine
+        machine._transitions = {  # type: ignore[misc]
+            **machine._transitions,
+            (ConnectionState.CLIENT_OPEN, ConnectionInputs.RECV_GOAWAY): (
+                None,
+                ConnectionState.CLIENT_OPEN,
+            ),
+        }
         # Huffman coding saves a third of the header bytes and costs ~100 µs of CPU per
         # request in pure-Python hpack: on a provider link, CPU is the scarcer resource.
         self.conn.encoder.encode = partial(self.conn.encoder.encode, huffman=False)  # type: ignore[method-assign]
@@ -390,6 +435,71 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         if self._retired and not self._streams:
             self.close()
 
+    def on_connection_terminated(self, event: ConnectionTerminated) -> None:
+        """GOAWAY: the requests above its last stream id were not processed (sent again
+        by the pool, on another connection); those at or below it still get their
+        answers here, and the connection closes after the last of them (or when the
+        server closes it: they then end `connection_error`)."""
+        last = event.last_stream_id or 0
+        code = _code_name(event.error_code or 0)
+        reason = _goaway_reason(event.additional_data)
+        refused = NotProcessedError(f"GOAWAY from APNs ({code} {reason}): not processed")
+        self.free_channels.destroy(refused)  # sends waiting for a stream here go elsewhere
+        dropped = [sid for sid in self._streams if sid > last]
+        for stream_id in dropped:
+            stream = self._streams.pop(stream_id)
+            self.free_channels.release()
+            if not stream.future.done():
+                stream.future.set_exception(refused)
+        log.log(
+            logging.INFO if event.error_code == ErrorCodes.NO_ERROR else logging.WARNING,
+            "APNs sent GOAWAY (%s%s, last stream %d): %d requests not processed are sent "
+            "again on another connection, %d still wait for their answers on this one",
+            code,
+            f" {reason}" if reason else "",
+            last,
+            len(dropped),
+            len(self._streams),
+        )
+        self._wake_senders()
+        self.retire()
+
+    def check_alive(self) -> None:
+        """A request timed out: PING the server, and close the connection when the
+        PING goes unanswered for `PING_TIMEOUT` (a hung server, a path dropping
+        everything: TCP alone notices that only after a quarter of an hour, and every
+        push meanwhile timed out on this connection, its retries too)."""
+        if self._ping_sent is not None or self.transport is None or self.transport.is_closing():
+            return
+        self._ping_sent = self.loop.time()
+        try:
+            self.conn.ping(b"pushgw\x00\x00")
+        except H2Error:
+            return
+        self.flush()
+        self._ping_timer = self.loop.call_later(self.PING_TIMEOUT, self._ping_unanswered)
+
+    def _ping_unanswered(self) -> None:
+        self._ping_timer = None
+        if self._ping_sent is None or self.transport is None:
+            return
+        log.warning(
+            "APNs connection did not answer a PING within %g s: closing it "
+            "(%d requests on it end connection_error)",
+            self.PING_TIMEOUT,
+            len(self._streams),
+        )
+        if self.on_connection_lost is not None:
+            self.on_connection_lost(self)
+        # Not a TLS shutdown, which would wait on a peer that no longer answers.
+        self.transport.abort()
+
+    def _ping_answered(self) -> None:
+        self._ping_sent = None
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
+
     def on_remote_settings_changed(self, changed_settings: Any) -> None:
         limit = self.conn.remote_settings.max_concurrent_streams
         self.free_channels.bound = max(1, min(limit, MAX_STREAMS))
@@ -399,6 +509,9 @@ class _ApnsProtocol(APNsTLSClientProtocol):
     async def send_notification(self, request: NotificationRequest) -> NotificationResult:
         assert isinstance(request, _Request)
         stream_id = await self.free_channels.acquire()
+        if self._retired:  # a GOAWAY came while this send waited for a stream
+            self.free_channels.release()
+            raise NotProcessedError("connection retired")
         if self.transport is None or self.transport.is_closing():
             self.free_channels.release()
             raise ConnectionClosed("connection closing")
@@ -468,6 +581,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
                 self.free_channels.release()
                 self._cancel_stream(stream_id)
                 self._close_if_retired()
+                self.check_alive()
 
     def _cancel_stream(self, stream_id: int) -> None:
         """RST_STREAM CANCEL: we send no more on this stream (the server may have closed it)."""
@@ -511,6 +625,8 @@ class _ApnsProtocol(APNsTLSClientProtocol):
                 self._wake_senders()
             elif isinstance(event, ConnectionTerminated):
                 self.on_connection_terminated(event)
+            elif isinstance(event, PingAckReceived):
+                self._ping_answered()
         self._close_if_retired()  # its last stream ended (answered or reset) in this read
         if self.transport is not None and not self.transport.is_closing():
             self.flush()
@@ -531,7 +647,12 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         if stream.future.done():
             return
         if reset is not None:
-            stream.future.set_exception(StreamResetError(f"stream reset by APNs (code {reset})"))
+            code = _code_name(reset)
+            stream.future.set_exception(
+                NotProcessedError(f"stream refused by APNs ({code}): not processed")
+                if reset == ErrorCodes.REFUSED_STREAM
+                else StreamResetError(f"stream reset by APNs ({code})")
+            )
             # Its sender may be waiting for window to send the body, which no longer comes.
             self._wake_senders()
             return
@@ -568,6 +689,7 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         super().close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._ping_answered()  # no PING timer outlives the connection
         streams, self._streams = self._streams, {}
         closed = ConnectionClosed(str(exc) if exc else "connection closed")
         closed.__cause__ = exc  # a TLS alert stays readable (`_certificate_alert`)
@@ -708,6 +830,15 @@ class _ApnsPool(APNsBaseConnectionPool):
         """One attempt. aioapns's loop sleeps a fixed second after a failed connect even
         on its last attempt, holding the lane slot, and reports only MaxAttemptsExceeded:
         here the failure itself ends the send at once (the dispatcher owns retries)."""
+        try:
+            return await self._send_once(request)
+        except NotProcessedError:
+            # Not processed by the server (RFC 9113 section 8.7): sent again at once, once,
+            # on another connection after a GOAWAY (that one takes no new request). Not
+            # a retry: nothing reached Apple; a second refusal ends `connection_error`.
+            return await self._send_once(request)
+
+    async def _send_once(self, request: NotificationRequest) -> NotificationResult:
         connection = await self.acquire()
         try:
             result = await connection.send_notification(request)
@@ -1035,6 +1166,20 @@ class ApnsClient:
         return self._auth
 
     def _prepare(self, push: Push) -> tuple[_Request | None, Attempt | None]:
+        """The request for `push`, or its refusal, built once per push: by `validate`,
+        then reused by `send` at each attempt (the JSON encoding of the payload was
+        most of the work, done twice per push and once more per retry). Built again
+        when the push's payload, token, options, policy or id is another object than
+        the one it was built from; a payload changed in place is not seen (a plugin
+        hands its payload over with the push)."""
+        prepared = push.prepared
+        if isinstance(prepared, _Prepared) and prepared.fits(self, push):
+            return prepared.request, prepared.refusal
+        request, refusal = self._build(push)
+        push.prepared = _Prepared(self, push, request, refusal)
+        return request, refusal
+
+    def _build(self, push: Push) -> tuple[_Request | None, Attempt | None]:
         opts = push.apns
         payload = push.payload
         if not isinstance(payload, Mapping):
@@ -1078,6 +1223,35 @@ class ApnsClient:
             # push, which the device then never delivers to the app.
             priority = 5
         return _Request(push, body, push_type, priority), None
+
+
+class _Prepared:
+    """What `ApnsClient._prepare` built from a push, and the objects it built it from."""
+
+    __slots__ = ("apns", "client", "payload", "policy", "push_id", "refusal", "request", "token")
+
+    def __init__(
+        self, client: ApnsClient, push: Push, request: _Request | None, refusal: Attempt | None
+    ) -> None:
+        self.client = client
+        self.payload = push.payload
+        self.token = push.token
+        self.apns = push.apns
+        self.policy = push.policy
+        self.push_id = push.id
+        self.request = request
+        self.refusal = refusal
+
+    def fits(self, client: ApnsClient, push: Push) -> bool:
+        # Identity, not equality: comparing payloads would cost what encoding does.
+        return (
+            self.client is client
+            and self.payload is push.payload
+            and self.token is push.token
+            and self.apns is push.apns
+            and self.policy is push.policy
+            and self.push_id is push.id
+        )
 
 
 def _is_background(push_type: str | None, payload: Mapping[str, Any]) -> bool:

@@ -158,6 +158,12 @@ class Push:
     ref: str | None = None
     id: str = field(default_factory=new_push_id)
     submitted: float = field(default_factory=time.monotonic)
+    # The provider client's request built from this push by its `validate`, reused by
+    # each attempt's `send` while the fields it was built from are the same objects
+    # (the APNs client's: `ApnsClient._prepare`). Encoding the payload is a push's
+    # largest cost before the network. Not an argument, not compared, not shown;
+    # `dataclasses.replace` starts a new push without it.
+    prepared: object = field(default=None, init=False, repr=False, compare=False)
 
     def __repr__(self) -> str:  # never show the token or payload
         return f"Push(id={self.id!r}, plugin={self.plugin!r}, app_id={self.app_id!r})"

@@ -85,6 +85,7 @@ from h2.events import (
 from h2.exceptions import ProtocolError, StreamClosedError
 from h2.settings import SettingCodes, Settings
 from hpack import hpack as hpack_module
+from hyperframe.frame import GoAwayFrame
 
 from gateway.testing.certs import APNS_HOSTNAMES, SimulatorCA
 from gateway.testing.simulator import SimulatorBase
@@ -269,6 +270,8 @@ class ApnsResponse:
     - `fault`: `"no_body"` (error status with END_STREAM on HEADERS and no
       DATA), `"reset"` (RST_STREAM), `"drop"` (abort the TCP connection),
       `"goaway"` (GOAWAY carrying `{"reason": reason or "Shutdown"}`, then close).
+    - `error_code`: the RST_STREAM error code of the `"reset"` fault (default
+      INTERNAL_ERROR; REFUSED_STREAM says the request was not processed, CANCEL ...).
     """
 
     status: int = 200
@@ -276,6 +279,7 @@ class ApnsResponse:
     timestamp: int | None = None
     delay: float = 0.0
     fault: Fault | None = None
+    error_code: int = ErrorCodes.INTERNAL_ERROR
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in _FAULTS:
@@ -310,10 +314,17 @@ class ApnsResponse:
 
     @classmethod
     def faulty(
-        cls, fault: Fault, *, status: int = 500, reason: str | None = None, delay: float = 0.0
+        cls,
+        fault: Fault,
+        *,
+        status: int = 500,
+        reason: str | None = None,
+        delay: float = 0.0,
+        error_code: int = ErrorCodes.INTERNAL_ERROR,
     ) -> ApnsResponse:
-        """A fault: `faulty("reset")`, `faulty("no_body", status=410)`, `faulty("goaway")`."""
-        return cls(status, reason, delay=delay, fault=fault)
+        """A fault: `faulty("reset")`, `faulty("no_body", status=410)`, `faulty("goaway")`,
+        `faulty("reset", error_code=ErrorCodes.REFUSED_STREAM)`."""
+        return cls(status, reason, delay=delay, fault=fault, error_code=error_code)
 
 
 @dataclass(slots=True)
@@ -443,6 +454,10 @@ class _ApnsConnection(asyncio.Protocol):
         self.streams: dict[int, _Stream] = {}
         self.pending_bodies: dict[int, bytes] = {}
         self.timers: set[asyncio.TimerHandle] = set()
+        # Delayed answers by stream id (a graceful GOAWAY drops those above its last id).
+        self.answers: dict[int, asyncio.TimerHandle] = {}
+        self.last_stream_id: int | None = None  # set by a graceful GOAWAY
+        self.stalled = False  # `ApnsSimulator.stall_all`
         self.closed = False
         self.alpn: str | None = None
         self.client_certificate = False  # the client presented one (and it verified)
@@ -476,6 +491,7 @@ class _ApnsConnection(asyncio.Protocol):
         for timer in self.timers:
             timer.cancel()
         self.timers.clear()
+        self.answers.clear()
         self.sim._connection_lost(self)
 
     def data_received(self, data: bytes) -> None:
@@ -524,7 +540,9 @@ class _ApnsConnection(asyncio.Protocol):
                 stream_id = event.stream_id
                 assert stream_id is not None
                 ended = self.streams.pop(stream_id, None)
-                if ended is not None:
+                if ended is not None and self.refuses(stream_id):
+                    self.h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+                elif ended is not None:
                     self.sim._handle(self, stream_id, ended)
                     if self.closed:
                         return
@@ -541,6 +559,7 @@ class _ApnsConnection(asyncio.Protocol):
                 self.close()
                 return
         self.flush()
+        self._close_if_drained()
 
     # -- helpers ----------------------------------------------------------
     def flush(self) -> None:
@@ -561,24 +580,72 @@ class _ApnsConnection(asyncio.Protocol):
             self.sim._connection_lost(self)
             self.transport.abort()
 
-    def schedule(self, delay: float, callback: Callable[[], None]) -> None:
+    def schedule(
+        self, delay: float, callback: Callable[[], None], stream_id: int | None = None
+    ) -> None:
         loop = asyncio.get_running_loop()
         handle: asyncio.TimerHandle
 
         def run() -> None:
             self.timers.discard(handle)
+            if stream_id is not None:
+                self.answers.pop(stream_id, None)
             if not self.closed:
                 callback()
                 self.flush()
+                self._close_if_drained()
 
         handle = loop.call_later(delay, run)
         self.timers.add(handle)
+        if stream_id is not None:
+            self.answers[stream_id] = handle
+
+    def goaway(self, body: bytes, last_stream_id: int | None) -> None:
+        """GOAWAY NO_ERROR with `body`. Without `last_stream_id`, naming the last stream
+        received and closing at once; with it, naming that stream: the streams above it
+        are not processed (their answers dropped, their requests recorded with the fault
+        `goaway`), those at or below it are answered as scripted, and the connection
+        closes after the last of them (RFC 9113 section 6.8, a graceful shutdown)."""
+        if last_stream_id is None:
+            self.respond(0, "", 0, body, "goaway")
+            return
+        if self.closed:
+            return
+        self.last_stream_id = last_stream_id
+        self.flush()
+        # Written past h2, whose state machine takes no frame after its own GOAWAY.
+        frame = GoAwayFrame(0, last_stream_id=last_stream_id, additional_data=body)
+        assert self.transport is not None
+        self.transport.write(frame.serialize())
+        dropped = [sid for sid in self.answers if sid > last_stream_id]
+        for stream_id in dropped:
+            self.answers.pop(stream_id).cancel()
+            self.pending_bodies.pop(stream_id, None)
+        self.sim._not_processed(self.id, set(dropped))
+        self._close_if_drained()
+
+    def refuses(self, stream_id: int) -> bool:
+        """After a graceful GOAWAY, a stream above its last id is ignored (RFC 9113)."""
+        return self.last_stream_id is not None and stream_id > self.last_stream_id
+
+    def _close_if_drained(self) -> None:
+        if self.last_stream_id is None or self.closed:
+            return
+        waiting = (*self.streams, *self.answers, *self.pending_bodies)
+        if not any(sid <= self.last_stream_id for sid in waiting):
+            self.close()
 
     def respond(
-        self, stream_id: int, apns_id: str, status: int, body: bytes | None, fault: str | None
+        self,
+        stream_id: int,
+        apns_id: str,
+        status: int,
+        body: bytes | None,
+        fault: str | None,
+        error_code: int = ErrorCodes.INTERNAL_ERROR,
     ) -> None:
         """Answer one stream (the caller flushes)."""
-        if self.closed:
+        if self.closed or self.stalled:
             return
         if fault == "drop":
             self.abort()
@@ -591,7 +658,7 @@ class _ApnsConnection(asyncio.Protocol):
         h2c = self.h2
         try:
             if fault == "reset":
-                h2c.reset_stream(stream_id, ErrorCodes.INTERNAL_ERROR)
+                h2c.reset_stream(stream_id, error_code)
                 return
             headers = [(":status", str(status)), ("apns-id", apns_id)]
             if body is None:
@@ -877,11 +944,26 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
         for conn in self._connections:
             conn.set_max_concurrent_streams(value)
 
-    def goaway_all(self, reason: str = "Shutdown") -> None:
-        """Send GOAWAY with `{"reason": reason}` on every open connection, then close them."""
+    def goaway_all(self, reason: str = "Shutdown", *, last_stream_id: int | None = None) -> None:
+        """Send GOAWAY with `{"reason": reason}` on every open connection, then close them.
+
+        With `last_stream_id`, a graceful shutdown instead: the GOAWAY names that stream,
+        the streams above it are not processed (their requests are recorded with the
+        fault `goaway`; nothing is answered to them), those at or below it still get their
+        scripted answers, and each connection closes once they have them.
+        """
         body = json.dumps({"reason": reason}).encode()
         for conn in list(self._connections):
-            conn.respond(0, "", 0, body, "goaway")
+            conn.goaway(body, last_stream_id)
+
+    def stall_all(self) -> None:
+        """Stop answering on every open connection, as a server that hangs or a network
+        that drops everything: nothing more is read (no PING is acknowledged) or answered,
+        and the TCP connections stay open. New connections are served as usual."""
+        for conn in self._connections:
+            conn.stalled = True
+            if conn.transport is not None:
+                conn.transport.pause_reading()
 
     # -- recording --------------------------------------------------------
 
@@ -892,6 +974,12 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
 
     def _connection_lost(self, conn: _ApnsConnection) -> None:
         self._connections.discard(conn)
+
+    def _not_processed(self, connection_id: int, stream_ids: set[int]) -> None:
+        """Mark the recorded requests of `stream_ids` as never answered (GOAWAY)."""
+        for request in self.requests:
+            if request.connection_id == connection_id and request.stream_id in stream_ids:
+                request.fault = "goaway"
 
     def _next_scripted(self, token: str) -> ApnsResponse:
         script = self._script_all or self._scripts.get(token)
@@ -1104,7 +1192,12 @@ class ApnsSimulator(SimulatorBase[ApnsRequest]):
             )
         )
 
+        code = response.error_code if response is not None else ErrorCodes.INTERNAL_ERROR
         if delay > 0:
-            conn.schedule(delay, lambda: conn.respond(stream_id, apns_id, status, payload, fault))
+            conn.schedule(
+                delay,
+                lambda: conn.respond(stream_id, apns_id, status, payload, fault, code),
+                stream_id,
+            )
         else:
-            conn.respond(stream_id, apns_id, status, payload, fault)
+            conn.respond(stream_id, apns_id, status, payload, fault, code)
