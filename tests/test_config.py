@@ -61,6 +61,32 @@ def test_wrong_type_names_file_and_key(tmp_path: Path) -> None:
     assert str(err.value).startswith(f"{path}: server.port: ")
 
 
+@pytest.mark.parametrize(
+    ("section", "key", "text"),
+    [
+        ("server", "shutdown_timeout", ".inf"),
+        ("server", "keepalive_timeout", ".nan"),
+        ("delivery", "backoff_cap", ".inf"),
+        ("receipts", "roll_seconds", ".inf"),
+    ],
+)
+def test_infinite_and_nan_durations_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str, key: str, text: str
+) -> None:
+    # YAML's `.inf` passed `ge=0`: a drain that never ends (only SIGKILL, which loses the
+    # receipts, stops it), a connection never timed out, a receipts file never rolled.
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{section}:\n  {key}: {text}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    assert str(err.value) == f"{path}: {section}.{key}: Input should be a finite number"
+    variable = f"PUSHGW__{section.upper()}__{key.upper()}"
+    monkeypatch.setenv(variable, "inf")
+    with pytest.raises(ConfigError) as err:
+        load_settings(data={})
+    assert str(err.value) == f"{variable}: Input should be a finite number"
+
+
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path / "c.yaml", {"server": {"port": 6000, "host": "0.0.0.0"}})
     monkeypatch.setenv("PUSHGW__SERVER__PORT", "7000")

@@ -149,7 +149,7 @@ class ConfigModel(BaseModel):
     hides them.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     _from_files: frozenset[str] = PrivateAttr(default=frozenset())
 
