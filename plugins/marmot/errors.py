@@ -26,6 +26,7 @@ class DropReason(StrEnum):
     WRAP_BAD_ID = "wrap_bad_id"
     WRAP_BAD_SIG = "wrap_bad_sig"
     WRAP_RECIPIENT = "wrap_recipient"
+    WRAP_EXPIRED = "wrap_expired"  # NIP-40 expiration in the past (before the global limiter)
     WRAP_DECRYPT = "wrap_decrypt"
     # seal: steps 5-6
     SEAL_MALFORMED = "seal_malformed"

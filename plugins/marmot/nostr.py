@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ __all__ = [
     "GiftUnwrapper",
     "Rumor",
     "compute_event_id",
+    "expiration",
     "gift_wrap",
     "load_json",
     "make_rumor",
@@ -58,6 +60,8 @@ DEFAULT_MAX_FUTURE_SKEW = 300
 NIP59_TIME_WINDOW = 172_800
 _MAX_TIMESTAMP = 2**64 - 1  # rust-nostr's Timestamp is a u64
 _MAX_KIND = 65_535
+#: A u64 as Rust's `str::parse` reads it (optional `+`, ASCII digits); bounded before `int()`.
+_U64_TEXT = re.compile(r"\+?0*([0-9]{1,20})")
 
 
 class _Invalid(Exception):
@@ -299,6 +303,25 @@ def _check_id_and_sig(event: Event, bad_id: DropReason, bad_sig: DropReason) -> 
         raise Dropped(bad_sig)
 
 
+def expiration(tags: object) -> int | None:
+    """NIP-40 expiration of an event with these (unvalidated) tags, or None.
+
+    Read as rust-nostr reads it (`Tags::expiration`, what transponder's relay client applies):
+    the first tag named ``expiration``, its value an unsigned integer; a first such tag without
+    a usable value means no expiration, whatever later ones say.
+    """
+    if not isinstance(tags, list):
+        return None
+    for tag in tags:
+        if isinstance(tag, list) and tag and tag[0] == "expiration":
+            value = tag[1] if len(tag) > 1 else None
+            match = _U64_TEXT.fullmatch(value) if isinstance(value, str) else None
+            if match is None or int(match[1]) > _MAX_TIMESTAMP:
+                return None
+            return int(match[1])
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Receiver
 
@@ -377,6 +400,16 @@ class GiftUnwrapper:
             return DropReason.WRAP_RECIPIENT
         return None
 
+    def expired(self, tags: object) -> bool:
+        """Whether an event with these (unvalidated) tags has a NIP-40 ``expiration`` before now.
+
+        Its sender declared it dead: nostr-sdk, through which transponder receives wraps, drops
+        such events before anything else, and a relay that ignores NIP-40 may still send them
+        (a backfill after a reconnect). Cheap (no hashing), so it runs before the global limiter.
+        """
+        when = expiration(tags)
+        return when is not None and when < int(self.clock())  # whole seconds, as rust-nostr
+
     def open_wrap(
         self,
         wrap: Event | str | bytes | Mapping[str, Any],
@@ -397,6 +430,9 @@ class GiftUnwrapper:
         _check_id_and_sig(wrap, DropReason.WRAP_BAD_ID, DropReason.WRAP_BAD_SIG)
         if on_verified is not None:
             on_verified(wrap.id)
+        # NIP-40 (also checked on arrival; this catches a wrap that expired while queued)
+        if self.expired(wrap.tags):
+            raise Dropped(DropReason.WRAP_EXPIRED)
         # 3. exactly one p tag, exactly one value, our key
         p_tags = [t for t in wrap.tags if t and t[0] == "p"]
         if len(p_tags) != 1 or len(p_tags[0]) != 2 or p_tags[0][1] != self._key.pubkey_hex:

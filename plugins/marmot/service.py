@@ -3,7 +3,8 @@
 Per relay event (spec sections 5, 7, 8 and 9), in this order:
 
 1. frame size (in :mod:`plugins.marmot.relay`, before parsing); an event outside our filter
-   (another kind, or no ``p`` tag for our key) is dropped before it can take a limiter token;
+   (another kind, or no ``p`` tag for our key), or one whose NIP-40 ``expiration`` has passed,
+   is dropped before it can take a limiter token;
 2. seen-wrap cache: a wrap id already verified in this process is skipped without any crypto,
    and so is a copy identical to one still queued or being unwrapped (another relay's);
 3. global pre-unwrap limiter, then the bounded input queue (full: drop);
@@ -345,6 +346,10 @@ class MarmotService:
             # budget the other relays' triggers need.
             self._count(off_filter.stage, off_filter.value)
             relay.report_once("off_filter", "sent events our subscription did not ask for")
+            return
+        if self.unwrapper.expired(event.get("tags")):
+            # NIP-40, as transponder's relay client applies it: no unwrap, no global budget.
+            self._count("wrap", DropReason.WRAP_EXPIRED.value)
             return
         wrap_id = event.get("id")
         pending = self._pending.get(wrap_id) if isinstance(wrap_id, str) else None

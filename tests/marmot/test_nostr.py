@@ -323,6 +323,10 @@ HOSTILE: dict[str, tuple[Callable[[], Any], DropReason]] = {
         DropReason.WRAP_RECIPIENT,
     ),
     "no_p": (lambda: wrap_raw("{}", tags=[]), DropReason.WRAP_RECIPIENT),
+    "expired": (
+        lambda: wrap_raw("{}", tags=[["p", SERVER.pubkey_hex], ["expiration", str(NOW - 1)]]),
+        DropReason.WRAP_EXPIRED,
+    ),
     "wrap_encrypted_to_other": (lambda: wrap_raw("{}", to=OTHER), DropReason.WRAP_DECRYPT),
     "wrap_content_not_nip44": (
         lambda: sign_event(ServerKey.generate(), 1059, "hello", [["p", SERVER.pubkey_hex]], NOW),
