@@ -6,6 +6,14 @@ run one. Third-party plugins contribute jobs by returning `SparkJob` objects fro
 their `pushgw_spark_jobs` hook.
 """
 
-from spark_plugins.jobs import BadLine, InputStats, JobOption, JobResult, OptionError, SparkJob
+from spark_plugins.jobs import (
+    BadLine,
+    InputStats,
+    JobOption,
+    JobResult,
+    OptionError,
+    SparkJob,
+    progress,
+)
 
-__all__ = ["BadLine", "InputStats", "JobOption", "JobResult", "OptionError", "SparkJob"]
+__all__ = ["BadLine", "InputStats", "JobOption", "JobResult", "OptionError", "SparkJob", "progress"]

@@ -38,7 +38,6 @@ decision; `last_seen` the unix time of the token's newest receipt.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,7 @@ from spark_plugins.jobs import (
     JobResult,
     OptionError,
     SparkJob,
+    progress,
     with_sql_conf,
 )
 from spark_plugins.output import ensure_dir, join, write_result, write_single
@@ -281,7 +281,7 @@ def run(
     tokens = per_token(receipts, options).persist(StorageLevel.MEMORY_AND_DISK)
     result = JobResult(NAME)
     try:
-        print(f"pushgw spark: {NAME}: reading receipts from {receipts_dir}", file=sys.stderr)
+        progress(NAME, f"reading receipts from {receipts_dir}", started)
         tokens_seen = tokens.count()
         result.input = source.stats()
         report_bad_input(result.input)

@@ -37,7 +37,6 @@ the group's values, whose rank is off by about n/accuracy at most (the tests all
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,6 +49,7 @@ from spark_plugins.jobs import (
     JobResult,
     OptionError,
     SparkJob,
+    progress,
     with_sql_conf,
 )
 from spark_plugins.output import (
@@ -362,8 +362,7 @@ def _write_tables(
 
 
 def _progress(message: str, started: float) -> None:
-    elapsed = time.monotonic() - started
-    print(f"pushgw spark: {NAME}: [{elapsed:6.1f}s] {message}", file=sys.stderr, flush=True)
+    progress(NAME, message, started)
 
 
 JOB = SparkJob(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -192,6 +194,9 @@ class InputStats:
     # False when `bad_lines` stops at `max_reported` with more to list. Not `bad >
     # len(bad_lines)`: a Parquet file's entry stands for all the rows skipped in it.
     listed_all: bool = True
+    # Set by `reader.report_bad_input` once it has printed them: the runner prints the
+    # skipped lines of a job that did not, and never a second time those of one that did.
+    reported: bool = field(default=False, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -225,6 +230,15 @@ class JobResult:
 
 
 RunFn = Callable[["SparkSession", str, str, Mapping[str, Any]], JobResult]
+
+
+def progress(job: str, message: str, started: float | None = None, stream: Any = None) -> None:
+    """One progress line of a running job on stderr, as the built-in jobs print them:
+    `pushgw spark: JOB: [  12.3s] MESSAGE`, the time since `started` (a
+    `time.monotonic()` taken when the job began), or without it when `started` is None.
+    Flushed at once: a long run shows where it is while Spark works."""
+    elapsed = "" if started is None else f"[{time.monotonic() - started:6.1f}s] "
+    print(f"pushgw spark: {job}: {elapsed}{message}", file=stream or sys.stderr, flush=True)
 
 
 def with_sql_conf(

@@ -544,10 +544,12 @@ def read_receipts(spark: SparkSession, path: str, *, max_reported: int = 100) ->
 
 
 def report_bad_input(stats: InputStats, stream: Any = None) -> None:
-    """Print the skipped lines (file:line) to stderr, as operators see them."""
+    """Print the skipped lines (file:line) to stderr, as operators see them: once per
+    `stats` (`InputStats.reported`), whether the job or the runner calls it first."""
     stream = stream or sys.stderr
-    if not stats.bad:
+    if not stats.bad or stats.reported:
         return
+    stats.reported = True
     print(
         f"pushgw spark: skipped {stats.bad} bad receipt line(s) in {len(stats.bad_files)} file(s):",
         file=stream,

@@ -225,6 +225,11 @@ def run_jobs(
                     if not isinstance(result, JobResult):
                         kind = "None" if result is None else f"a {type(result).__name__}"
                         raise JobContractError(f"its run returned {kind}, not a JobResult")
+                    if result.job != job.name:  # its marker would be another job's file
+                        raise JobContractError(
+                            f"its run returned the JobResult of {result.job!r}, "
+                            f"not of {job.name!r}: no {result_file(job.name)} was written"
+                        )
                     finish(spark, out, result, started)
                 except (FileNotFoundError, OptionError) as exc:
                     print(f"pushgw spark: {job.name}: {exc}", file=sys.stderr)
@@ -299,11 +304,13 @@ def interrupted_text(
 
 def finish(spark: Any, out: str, result: JobResult, started: float) -> None:
     """What every job's run ends with, done here for a job that did not do it itself
-    (the built-in jobs call `write_result` at their end): the skipped lines on stderr,
-    the run time and `result-<job>.json` beside the job's outputs."""
+    (the built-in jobs call `report_bad_input` and `write_result`): the skipped lines on
+    stderr, the run time and `result-<job>.json` beside the job's outputs. Each is
+    checked on its own: a job that wrote its result file still gets its skipped lines
+    printed, once."""
+    report_bad_input(result.input)  # a no-op when the job printed them
     if f"result-{result.job}.json" in result.outputs:
         return
-    report_bad_input(result.input)
     write_result(spark, out, result, started)
 
 
@@ -343,8 +350,10 @@ def print_result(result: JobResult, stream: Any = None) -> None:
 def submit_main(job_name: str | None = None, argv: Sequence[str] | None = None) -> int:
     """The body of the spark-submit entry scripts (`spark_plugins/submit/*.py`).
 
-    With `job_name` the built-in job of that name runs; without, the positional
-    arguments name one or more jobs from any installed plugin, run in one session.
+    With `job_name` the job of that name runs (a built-in one without loading any other
+    plugin; a third-party plugin's own entry script names its job the same way);
+    without, the positional arguments name one or more jobs from any installed plugin,
+    run in one session.
     """
     parser = argparse.ArgumentParser(
         prog=job_name or "run_job", description="Run pushgw Spark jobs (spark-submit entry)."
@@ -357,6 +366,8 @@ def submit_main(job_name: str | None = None, argv: Sequence[str] | None = None) 
         from spark_plugins.builtin import BUILTIN_JOBS
 
         known = {job.name: job for job in BUILTIN_JOBS}
+        if job_name not in known:  # a plugin's job: found as `run_job.py JOB` finds it
+            known = discover_jobs()
         names = [job_name]
     else:
         known = discover_jobs()

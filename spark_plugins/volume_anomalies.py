@@ -43,12 +43,11 @@ result.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from spark_plugins.jobs import JAVA_INT_MAX, JobOption, JobResult, OptionError, SparkJob
+from spark_plugins.jobs import JAVA_INT_MAX, JobOption, JobResult, OptionError, SparkJob, progress
 from spark_plugins.output import ensure_dir, write_result, write_table
 from spark_plugins.reader import MAX_BAD_LINES, TS_MAX, read_receipts, report_bad_input
 
@@ -279,7 +278,7 @@ def run(
     series = hourly_series(source.df, options).persist(StorageLevel.MEMORY_AND_DISK)
     result = JobResult(NAME)
     try:
-        print(f"pushgw spark: {NAME}: reading receipts from {receipts_dir}", file=sys.stderr)
+        progress(NAME, f"reading receipts from {receipts_dir}", started)
         ensure_dir(spark, out_dir)
         by = list(options["by"])
         paths, _ = write_table(series, out_dir, "volume", [*by, "hour"])
