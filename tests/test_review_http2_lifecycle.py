@@ -25,7 +25,8 @@ from h2.errors import ErrorCodes
 from gateway.config import ApnsAppConfig
 from gateway.core.apns import ApnsClient, _ApnsProtocol
 from gateway.core.push import ApnsOptions, Outcome, Push, Reason
-from gateway.testing import ApnsResponse, ApnsSimulator, generate_apns_auth_key
+from gateway.testing import ApnsResponse, ApnsSimulator
+from gateway.testing.harness import apns_app_config
 
 TOPIC = "com.example.app"
 MakeClient = Callable[..., Awaitable[ApnsClient]]
@@ -56,21 +57,8 @@ async def make_client(sim: ApnsSimulator, tmp_path: Path) -> AsyncIterator[MakeC
     clients: list[ApnsClient] = []
 
     async def make(**overrides: Any) -> ApnsClient:
-        key = generate_apns_auth_key()
-        keyfile = key.write_p8(tmp_path / f"AuthKey_{key.key_id}.p8")
-        sim.add_jwt_key(key.key_id, key.team_id, key.public_key)
-        settings: dict[str, Any] = {
-            "keyfile": keyfile,
-            "key_id": key.key_id,
-            "team_id": key.team_id,
-            "topic": TOPIC,
-            "host": sim.host,
-            "port": sim.port,
-            "ca_file": sim.ca_path,
-            "request_timeout": 10.0,
-            "max_connections": 1,
-            **overrides,
-        }
+        defaults: dict[str, Any] = {"request_timeout": 10.0, "max_connections": 1}
+        settings = apns_app_config(sim, tmp_path, topic=TOPIC, **{**defaults, **overrides})
         client = ApnsClient("ios", ApnsAppConfig(**settings))
         await client.start()
         clients.append(client)
