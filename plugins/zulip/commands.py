@@ -11,7 +11,8 @@
     pushgw zulip gc [--older-than 30d] [--dry-run]
     pushgw zulip rehash-tokens                       (after rotating receipts.hmac_key)
     pushgw zulip forget (--realm UUID --token-id ID | --server UUID --user-id N|--user-uuid U
-                         | --token-hash HASH)        (erase one device's registrations now)
+                         | --server UUID --all | --token-hash HASH)
+                                                     (erase registrations, or a server, now)
 
 Bouncer keys live in the JSON file named by `plugins.zulip.bouncer_keys_file` or `--file`
 (the same `{public: private}` shape as Zulip's `push_registration_encryption_keys`); a
@@ -36,7 +37,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.api import CommandContext, expand_home
 from plugins.zulip import repo
@@ -126,6 +127,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     user = forget.add_mutually_exclusive_group()
     user.add_argument("--user-id", help="the Zulip user id: all of the user's legacy devices")
     user.add_argument("--user-uuid", help="the Zulip user UUID: all of the user's legacy devices")
+    user.add_argument(
+        "--all",
+        action="store_true",
+        help="with --server: the whole server (its row, realms and every registration)",
+    )
     forget.set_defaults(handler=cmd_forget)
 
     gc = sub.add_parser("gc", help="delete registrations dead for longer than the retention")
@@ -467,13 +473,16 @@ def _parse_token_id(text: str) -> int | None:
 async def cmd_forget(args: argparse.Namespace, command_context: CommandContext) -> int:
     """Erase registrations at once, for a request that cannot wait for gc: the rows go
     (token in clear, hashes, dates), expired or not, and on SQLite the database files
-    are checkpointed so that their bytes leave the disk too (docs/privacy.md)."""
+    are checkpointed so that their bytes leave the disk too (docs/privacy.md). With
+    `--server U --all`, the server itself goes too: its row and its realms."""
     realm_mode = args.realm is not None
     if realm_mode != (args.token_id is not None):
         return _fail("--realm and --token-id go together", EXIT_USAGE)
-    user_given = args.user_id is not None or args.user_uuid is not None
+    user_given = args.user_id is not None or args.user_uuid is not None or args.all
     if (args.server is not None) != user_given:
-        return _fail("--server goes with --user-id or --user-uuid", EXIT_USAGE)
+        # `--server` alone is refused rather than read as the whole server: a dropped
+        # `--user-id N` must not erase an organisation.
+        return _fail("--server goes with --user-id, --user-uuid or --all", EXIT_USAGE)
     token_id = _parse_token_id(args.token_id) if realm_mode else None
     if realm_mode and token_id is None:
         return _fail("--token-id: not a push_token_id (a decimal int64 or base64)", EXIT_USAGE)
@@ -491,28 +500,48 @@ async def cmd_forget(args: argparse.Namespace, command_context: CommandContext) 
     async with command_context.open_store() as store:
         _config(command_context.load())  # the plugin disabled: one line, status 2
         async with store.engine.begin() as conn:
-            if realm_mode:
-                assert token_id is not None
-                realm = await repo.get_realm(conn, args.realm)
-                if realm is None:
-                    return _fail("no such realm")
-                e2ee, legacy = await repo.forget_e2ee_device(conn, realm.id, token_id), 0
-            elif args.server is not None:
-                server = await repo.get_server(conn, args.server)
-                if server is None:
-                    return _fail("no such server")
-                e2ee = 0
-                legacy = await repo.legacy_unregister_all(
-                    conn, server_id=server.id, user_id=user_id, user_uuid=args.user_uuid
-                )
-            else:
-                e2ee, legacy = await repo.forget_token_hash(conn, args.token_hash)
+            outcome = await _forget_rows(conn, args, token_id, user_id)
+        # Also after "no such server": the advice below is to run the command again, and
+        # a server erased by the first run is no such server by the second.
         flushed = await store.checkpoint()
-    print(f"deleted {e2ee} E2EE and {legacy} legacy registrations")
+    if isinstance(outcome, str):
+        status = _fail(outcome)
+    else:
+        e2ee, legacy, server_line = outcome
+        print(f"deleted {e2ee} E2EE and {legacy} legacy registrations")
+        if server_line:
+            print(server_line)
+        status = 0
     if not flushed:
         print(
             "pushgw zulip: warning: a reader kept the database's WAL file from being "
             "emptied: run the command again to take the deleted rows off the disk",
             file=sys.stderr,
         )
-    return 0
+    return status
+
+
+async def _forget_rows(
+    conn: AsyncConnection, args: argparse.Namespace, token_id: int | None, user_id: int | None
+) -> tuple[int, int, str | None] | str:
+    """(E2EE rows, legacy rows, what else went) deleted, or why nothing could be."""
+    if args.realm is not None:
+        assert token_id is not None
+        realm = await repo.get_realm(conn, args.realm)
+        if realm is None:
+            return "no such realm"
+        return await repo.forget_e2ee_device(conn, realm.id, token_id), 0, None
+    if args.server is not None:
+        server = await repo.get_server(conn, args.server)
+        if server is None:
+            return "no such server"
+        if args.all:
+            erased = await repo.forget_server(conn, server.id)
+            gone = f"deleted server {args.server} and its {erased.realms} realms"
+            return erased.e2ee, erased.legacy, gone
+        legacy = await repo.legacy_unregister_all(
+            conn, server_id=server.id, user_id=user_id, user_uuid=args.user_uuid
+        )
+        return 0, legacy, None
+    e2ee, legacy = await repo.forget_token_hash(conn, args.token_hash)
+    return e2ee, legacy, None

@@ -650,6 +650,37 @@ async def forget_token_hash(conn: AsyncConnection, token_hash: str) -> tuple[int
     return e2ee, legacy
 
 
+@dataclass(frozen=True)
+class ServerErasure:
+    """What `forget_server` deleted besides the server's own row."""
+
+    realms: int
+    e2ee: int
+    legacy: int
+
+
+async def forget_server(conn: AsyncConnection, server_id: int) -> ServerErasure:
+    """Delete a server outright (an erasure request): its row (key hash, hostname, contact
+    address, versions, analytics ids), its realms, their E2EE registrations, its legacy
+    ones, and the legacy ones of a predecessor registration tied to its realms (taken
+    over from a deactivated server). Explicit deletes, child rows first: SQLite does not
+    enforce the foreign keys, and PostgreSQL's SET NULL would untie a predecessor's rows
+    from the realms before they are found."""
+    # Lock the row first (PostgreSQL; SQLite serialises writers anyway) so that a
+    # concurrent upload waits and then finds the server gone, instead of adding a realm.
+    await conn.execute(select(servers.c.id).where(servers.c.id == server_id).with_for_update())
+    its_realms = select(realms.c.id).where(realms.c.server_id == server_id)
+    e2ee = await _delete(conn, e2ee_devices, e2ee_devices.c.realm_id.in_(its_realms))
+    legacy = await _delete(
+        conn,
+        legacy_devices,
+        or_(legacy_devices.c.server_id == server_id, legacy_devices.c.realm_id.in_(its_realms)),
+    )
+    realm_count = await _delete(conn, realms, realms.c.server_id == server_id)
+    await _delete(conn, servers, servers.c.id == server_id)
+    return ServerErasure(realm_count, e2ee, legacy)
+
+
 async def legacy_by_token_hash(conn: AsyncConnection, token_hash: str) -> Sequence[DbRow]:
     result = await conn.execute(
         select(legacy_devices.c.token, legacy_devices.c.kind, legacy_devices.c.ios_app_id).where(
