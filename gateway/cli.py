@@ -689,10 +689,21 @@ def _own_metrics_directory() -> None:
         )
 
 
+def _shown_arguments(args: argparse.Namespace, extras: list[str]) -> str:
+    """The arguments a command did not take, as its usage error quotes them: for the
+    `tokens` commands, not at all. A second token given to `tokens hash`, or one that
+    starts with "-" (an option to argparse: base64url tokens may), would be printed."""
+    if getattr(args, "tokens_command", None) is not None:
+        return "not shown (they may be device tokens: give tokens on stdin, one a line)"
+    return " ".join(extras)
+
+
 def _run_command(argv: Sequence[str] | None) -> int:
     _command_logging()
     parser = build_parser(_plugin_commands)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # what `parse_args` does, but never echoing a device token
+        parser.error(f"unrecognized arguments: {_shown_arguments(args, extras)}")
     if not hasattr(args, "config"):
         args.config = None
     handler = getattr(args, "handler", None)

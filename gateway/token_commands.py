@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.cli import (
     EXIT_FAILED,
+    DatabaseError,
     UsageError,
     no_config_note,
     opened_store,
@@ -177,6 +178,9 @@ async def cmd_tokens_status(args: argparse.Namespace, context: CommandContext) -
     from gateway.core.store import invalid_tokens
 
     hashes = [_token_hash_argument(text) for text in args.hashes]
+    loaded = context.load()
+    no_config_note(args, loaded)
+    _require_sqlite_file(loaded.settings.store.url)
     async with context.open_store() as store, store.engine.connect() as conn:
         query = (
             select(invalid_tokens)
@@ -189,7 +193,7 @@ async def cmd_tokens_status(args: argparse.Namespace, context: CommandContext) -
         record["invalidated_at"] = _utc_iso(row["invalidated_at"])
         print(json.dumps(record))
     found = {row["token_hash"] for row in rows}
-    days = context.load().settings.store.invalid_tokens_retention / 86400
+    days = loaded.settings.store.invalid_tokens_retention / 86400
     for number, value in enumerate(hashes, 1):
         if value not in found:  # named by position: a hex APNs token looks like a hash
             print(
@@ -199,6 +203,26 @@ async def cmd_tokens_status(args: argparse.Namespace, context: CommandContext) -
                 file=sys.stderr,
             )
     return 0
+
+
+def _require_sqlite_file(url: str) -> None:
+    """A lookup makes no database: opening a SQLite file that is not there created (and
+    migrated) an empty one, in the working directory without `-c`, whose answer was
+    "not retired" for every hash."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:  # `open_store` says what is wrong with it
+        return
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    if not Path(parsed.database).exists():
+        raise DatabaseError(
+            f"database {shown_url(url)}: no such database: give the configuration "
+            "the gateway runs with (-c FILE)"
+        )
 
 
 def _token_hash_argument(text: str) -> str:
@@ -231,7 +255,9 @@ def _stdin_tokens() -> list[str]:
 
         return [getpass.getpass("device token (not shown): ", stream=sys.stderr).strip()]
     try:
-        text = sys.stdin.buffer.read().decode("utf-8")
+        # `-sig`: a byte order mark (Notepad's "UTF-8") is no part of the token, and
+        # hashed with it gave a hash that no receipt carries.
+        text = sys.stdin.buffer.read().decode("utf-8-sig")
     except UnicodeDecodeError:  # its bytes are not shown: they may be a token
         raise UsageError("stdin: not UTF-8 text") from None
     return [line.strip() for line in text.splitlines() if line.strip()] or [""]

@@ -282,11 +282,21 @@ def _code_name(code: int) -> str:
         return f"code {code}"
 
 
+# APNs's debug data is `{"reason": "Shutdown"}`: anything much longer is not APNs's, and
+# is not parsed (a GOAWAY frame may carry up to our SETTINGS_MAX_FRAME_SIZE of it).
+_GOAWAY_DATA_LIMIT = 512
+
+
 def _goaway_reason(data: bytes | None) -> str:
     """APNs's `{"reason": ...}` in a GOAWAY's debug data, printable and bounded."""
+    if not data or len(data) > _GOAWAY_DATA_LIMIT:
+        return ""
     try:
-        reason = json.loads(data or b"").get("reason")
-    except (ValueError, AttributeError):
+        reason = json.loads(data).get("reason")
+    # RecursionError: `[[[[...` nested deeper than the interpreter's limit. Raised here,
+    # it ended the connection's read with a traceback, and the requests Apple had
+    # processed below the GOAWAY's last stream failed `connection_error`: sent twice.
+    except (ValueError, AttributeError, RecursionError):
         return ""
     return printable(reason[:64]) if isinstance(reason, str) else ""
 

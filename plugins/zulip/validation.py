@@ -234,20 +234,32 @@ def _is_dns_name(host: str) -> bool:
     (Django's URLValidator, the email-validator package) accepts them, so a Zulip server
     whose EXTERNAL_HOST or administrator address is one must be able to register here."""
     ascii_host = _to_ascii(host)
-    if not ascii_host:
+    if not ascii_host or len(ascii_host.rstrip(".")) > DNS_NAME_MAX:
         return False
     labels = ascii_host.rstrip(".").split(".")
     return all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
+# RFC 1035's 255 octets on the wire, as text: without the trailing dot, 253 characters.
+# Counted on the A-label form: "ü" is one character and its label's punycode several.
+DNS_NAME_MAX = 253
+
+
 def _to_ascii(host: str) -> str | None:
-    """The A-label (punycode) form of `host`, as DNS sees it; None when it has none."""
+    """The A-label (punycode) form of `host`, as DNS sees it; None when it has none, or
+    when `host` is not written as IDNA gives it back (case aside)."""
     if host.isascii():
         return host
     try:
-        return host.encode("idna").decode("ascii")
+        ascii_host = host.encode("idna").decode("ascii")
+        written = ascii_host.encode("ascii").decode("idna")
     except UnicodeError:
         return None
+    # IDNA drops some characters and maps others (a soft hyphen or a zero-width space to
+    # nothing, fullwidth letters to ASCII, an ideographic full stop to a dot): such a
+    # name shows as another ("chat.exa\u00admple.org" as chat.example.org, which DNS
+    # takes it for) without being the same text, so it got past the hostname-in-use check.
+    return ascii_host if written.lower() == host.lower() else None
 
 
 def _is_ipv6_address(host: str) -> bool:
