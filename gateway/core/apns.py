@@ -439,6 +439,9 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         self._retired = True
         if self.on_connection_lost is not None:
             self.on_connection_lost(self)  # out of the pool (the pool tolerates repeats)
+        # The sends waiting for a stream here were not sent: another connection takes
+        # them now, rather than after this one's slowest answer.
+        self.free_channels.destroy(NotProcessedError("connection retired"))
         self._close_if_retired()
 
     def _close_if_retired(self) -> None:
@@ -481,11 +484,11 @@ class _ApnsProtocol(APNsTLSClientProtocol):
         push meanwhile timed out on this connection, its retries too)."""
         if self._ping_sent is not None or self.transport is None or self.transport.is_closing():
             return
-        self._ping_sent = self.loop.time()
         try:
             self.conn.ping(b"pushgw\x00\x00")
-        except H2Error:
+        except H2Error:  # the connection is closing: nothing to check
             return
+        self._ping_sent = self.loop.time()
         self.flush()
         self._ping_timer = self.loop.call_later(self.PING_TIMEOUT, self._ping_unanswered)
 

@@ -665,6 +665,39 @@ async def test_a_send_waiting_for_a_stream_ends_transient_when_the_connection_dr
     assert (await send(client, push_for(token()), secrets_seen)).outcome is Outcome.OK
 
 
+async def test_a_send_waiting_for_a_stream_of_a_retired_connection_goes_to_another_at_once(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    """A connection retired (after an `APNS_RECONNECT` answer) gives the sends waiting
+    for one of its streams to another connection at once: they were not sent, and its
+    slowest answer may be seconds away."""
+    sim.set_max_concurrent_streams(1)
+    client, protocol = await one_connection(
+        make_client, secrets_seen, max_connections=1, request_timeout=30.0
+    )
+    holder_token = token()
+    sim.script(holder_token, ApnsResponse.ok(delay=20.0))  # holds the one stream
+    holder = asyncio.create_task(send(client, push_for(holder_token), secrets_seen))
+    await sim.wait_for_requests(2)
+    queued = asyncio.create_task(send(client, push_for(token()), secrets_seen))
+
+    async def queued_for_the_stream() -> None:
+        while not protocol.free_channels._waiters:
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(queued_for_the_stream(), 5)
+    protocol.retire()
+    try:
+        attempt = await asyncio.wait_for(queued, 10)
+        assert attempt.outcome is Outcome.OK
+        assert not holder.done()  # sent on a new connection while the old one waits
+        assert sim.connections_opened == 2
+    finally:
+        holder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holder
+
+
 async def test_a_lost_connection_ends_a_body_waiting_for_window_with_its_error_retrieved(
     sim: ApnsSimulator,
     make_client: MakeClient,
