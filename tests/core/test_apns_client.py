@@ -23,7 +23,7 @@ from gateway.core.apns import (
     _ApnsProtocol,
     _StreamSlots,
 )
-from gateway.core.push import ApnsOptions, Outcome, Push, PushPolicy, Reason
+from gateway.core.push import ApnsOptions, Attempt, Outcome, Push, PushPolicy, Reason
 from gateway.testing import ApnsResponse, ApnsSimulator, generate_apns_auth_key
 from tests.core.conftest import logged_text, nested
 
@@ -635,18 +635,17 @@ async def test_stream_slots_follow_the_peer_limit_both_ways() -> None:
     assert all(w.done() for w in waiters)
 
 
-async def test_a_send_waiting_for_a_stream_ends_transient_when_the_connection_drops(
-    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
-) -> None:
-    """A send queued for a stream of a connection that is lost ends `connection_error`
-    (retried by the dispatcher), not with a ValueError from the stream semaphore (which
-    the dispatcher ends `client_error`, never retried)."""
+async def queued_behind_a_held_stream(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str], *, held: float
+) -> tuple[ApnsClient, Any, asyncio.Task[Attempt], asyncio.Task[Attempt]]:
+    """One connection of one stream: `holder`'s push holds it (answered after `held`
+    seconds), `queued`'s waits for it. Returned once `queued` waits."""
     sim.set_max_concurrent_streams(1)
     client, protocol = await one_connection(
-        make_client, secrets_seen, max_connections=1, request_timeout=5.0
+        make_client, secrets_seen, max_connections=1, request_timeout=held + 10.0
     )
     holder_token = token()
-    sim.script(holder_token, ApnsResponse.ok(delay=10.0))  # holds the one stream
+    sim.script(holder_token, ApnsResponse.ok(delay=held))
     holder = asyncio.create_task(send(client, push_for(holder_token), secrets_seen))
     await sim.wait_for_requests(2)
     queued = asyncio.create_task(send(client, push_for(token()), secrets_seen))
@@ -656,6 +655,18 @@ async def test_a_send_waiting_for_a_stream_ends_transient_when_the_connection_dr
             await asyncio.sleep(0)
 
     await asyncio.wait_for(queued_for_the_stream(), 5)
+    return client, protocol, holder, queued
+
+
+async def test_a_send_waiting_for_a_stream_ends_transient_when_the_connection_drops(
+    sim: ApnsSimulator, make_client: MakeClient, secrets_seen: set[str]
+) -> None:
+    """A send queued for a stream of a connection that is lost ends `connection_error`
+    (retried by the dispatcher), not with a ValueError from the stream semaphore (which
+    the dispatcher ends `client_error`, never retried)."""
+    client, protocol, holder, queued = await queued_behind_a_held_stream(
+        sim, make_client, secrets_seen, held=10.0
+    )
     # Lost, not closed by a GOAWAY (after which a send still waiting for a stream was
     # not processed, and goes to another connection: test_review_http2_lifecycle.py).
     assert protocol.transport is not None
@@ -671,21 +682,9 @@ async def test_a_send_waiting_for_a_stream_of_a_retired_connection_goes_to_anoth
     """A connection retired (after an `APNS_RECONNECT` answer) gives the sends waiting
     for one of its streams to another connection at once: they were not sent, and its
     slowest answer may be seconds away."""
-    sim.set_max_concurrent_streams(1)
-    client, protocol = await one_connection(
-        make_client, secrets_seen, max_connections=1, request_timeout=30.0
+    _, protocol, holder, queued = await queued_behind_a_held_stream(
+        sim, make_client, secrets_seen, held=20.0
     )
-    holder_token = token()
-    sim.script(holder_token, ApnsResponse.ok(delay=20.0))  # holds the one stream
-    holder = asyncio.create_task(send(client, push_for(holder_token), secrets_seen))
-    await sim.wait_for_requests(2)
-    queued = asyncio.create_task(send(client, push_for(token()), secrets_seen))
-
-    async def queued_for_the_stream() -> None:
-        while not protocol.free_channels._waiters:
-            await asyncio.sleep(0)
-
-    await asyncio.wait_for(queued_for_the_stream(), 5)
     protocol.retire()
     try:
         attempt = await asyncio.wait_for(queued, 10)
