@@ -229,6 +229,11 @@ def validate_hostname(hostname: str) -> str:
     return hostname
 
 
+# RFC 1035's 255 octets on the wire, as text: without the trailing dot, 253 characters.
+# Counted on the A-label form: "ü" is one character and its label's punycode several.
+DNS_NAME_MAX = 253
+
+
 def _is_dns_name(host: str) -> bool:
     """A DNS name, internationalized ones included (`chat.münchen.de`): Zulip's bouncer
     (Django's URLValidator, the email-validator package) accepts them, so a Zulip server
@@ -238,11 +243,6 @@ def _is_dns_name(host: str) -> bool:
         return False
     labels = ascii_host.rstrip(".").split(".")
     return all(_HOST_LABEL.fullmatch(label) for label in labels)
-
-
-# RFC 1035's 255 octets on the wire, as text: without the trailing dot, 253 characters.
-# Counted on the A-label form: "ü" is one character and its label's punycode several.
-DNS_NAME_MAX = 253
 
 
 def _to_ascii(host: str) -> str | None:
