@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -166,9 +167,6 @@ def cmd_tokens_hash(args: argparse.Namespace, context: CommandContext) -> int:
     return 0
 
 
-_HASH_CHARS = frozenset("0123456789abcdef")
-
-
 async def cmd_tokens_status(args: argparse.Namespace, context: CommandContext) -> int:
     """Print the dead-token records (`pushgw_invalid_tokens`) of the given hashes, one
     JSON object a line: whether, when and why a device's token was retired (docs/cli.md).
@@ -228,8 +226,10 @@ def _require_sqlite_file(url: str) -> None:
 def _token_hash_argument(text: str) -> str:
     """A receipts `token_hash` (hex, either case): else a usage error that does not
     echo it (it could be the token itself)."""
+    from gateway.dead_tokens import TOKEN_HASH
+
     value = text.strip().lower()
-    if len(value) != 64 or not set(value) <= _HASH_CHARS:
+    if not re.fullmatch(TOKEN_HASH, value):
         raise UsageError(
             "not a token hash (64 hex characters, the receipts' token_hash); "
             "`pushgw tokens hash` makes one from a token"
