@@ -16,7 +16,7 @@ follow the app's VoIP topic. Everything goes through the real simulator (HTTP/2 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,9 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.config import ApnsAppConfig
-from gateway.core.apns import ApnsClient
 from gateway.core.push import ApnsOptions, Outcome, Push
 from gateway.testing import ApnsSimulator, generate_apns_auth_key
-from gateway.testing.harness import apns_app_config
+from tests.apns_clients import MakeClient, started_clients
 from tests.matrix.conftest import NOTIFY, apns_pushkey, device, fcm, notification
 from tests.matrix.conftest import make_gateway as make_gateway
 from tests.testing.test_apns_sim import RawH2Client
@@ -39,7 +38,6 @@ VOIP_TOPIC = TOPIC + ".voip"
 IOS = "com.example.ios"
 ANDROID = "com.example.android"
 FRAME = {"ciphertext": "Q2lwaGVyIHRleHQ+/w", "ephemeral": "RXBoZW1lcmFsIGtleQ", "mac": "TWFjIQ"}
-MakeClient = Callable[..., Awaitable[ApnsClient]]
 
 
 @pytest.fixture
@@ -50,17 +48,8 @@ async def apns() -> AsyncIterator[ApnsSimulator]:
 
 @pytest.fixture
 async def make_client(apns: ApnsSimulator, tmp_path: Path) -> AsyncIterator[MakeClient]:
-    clients: list[ApnsClient] = []
-
-    async def make(**overrides: Any) -> ApnsClient:
-        client = ApnsClient("ios", ApnsAppConfig(**apns_app_config(apns, tmp_path, **overrides)))
-        await client.start()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.close()
+    async with started_clients(apns, tmp_path) as make:
+        yield make
 
 
 def _token(register_secret: Callable[[str], None]) -> str:

@@ -15,21 +15,16 @@ import asyncio
 import logging
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from h2.errors import ErrorCodes
 
-from gateway.config import ApnsAppConfig
 from gateway.core.apns import ApnsClient, _ApnsProtocol
 from gateway.core.push import ApnsOptions, Outcome, Push, Reason
 from gateway.testing import ApnsResponse, ApnsSimulator
-from gateway.testing.harness import apns_app_config
-
-TOPIC = "com.example.app"
-MakeClient = Callable[..., Awaitable[ApnsClient]]
+from tests.apns_clients import MakeClient, started_clients
 
 
 def token() -> str:
@@ -54,19 +49,8 @@ async def sim() -> AsyncIterator[ApnsSimulator]:
 
 @pytest.fixture
 async def make_client(sim: ApnsSimulator, tmp_path: Path) -> AsyncIterator[MakeClient]:
-    clients: list[ApnsClient] = []
-
-    async def make(**overrides: Any) -> ApnsClient:
-        defaults: dict[str, Any] = {"request_timeout": 10.0, "max_connections": 1}
-        settings = apns_app_config(sim, tmp_path, topic=TOPIC, **{**defaults, **overrides})
-        client = ApnsClient("ios", ApnsAppConfig(**settings))
-        await client.start()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.close()
+    async with started_clients(sim, tmp_path, request_timeout=10.0, max_connections=1) as make:
+        yield make
 
 
 async def first_connection(client: ApnsClient) -> _ApnsProtocol:
